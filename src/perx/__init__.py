@@ -1,0 +1,30 @@
+"""perx: prioritized experience replay for reinforcement learning.
+
+Core (numpy + numba only): storage, priority trees, samplers, the buffer, IS weights and schedules.
+``import perx`` never imports torch, gymnasium or matplotlib.
+"""
+
+from perx.buffer import Batch, ReplayBuffer
+from perx.samplers import Proportional, Sampler, Uniform
+from perx.schedules import LinearSchedule
+from perx.storage import FieldSpec, Storage
+from perx.trees import MaxTree, MinTree, SumTree
+from perx.weights import importance_weights
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Batch",
+    "FieldSpec",
+    "LinearSchedule",
+    "MaxTree",
+    "MinTree",
+    "Proportional",
+    "ReplayBuffer",
+    "Sampler",
+    "Storage",
+    "SumTree",
+    "Uniform",
+    "__version__",
+    "importance_weights",
+]

@@ -1,0 +1,82 @@
+"""Argument checks shared by the core. Every error names the argument and shows the offending value."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def check_capacity(capacity: object) -> int:
+    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):
+        raise TypeError(f"capacity: expected a positive int, got {_short(capacity)}")
+    if capacity <= 0:
+        raise ValueError(f"capacity: must be > 0, got {capacity!r}")
+    return int(capacity)
+
+
+def check_batch_size(batch_size: object) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
+        raise TypeError(f"batch_size: expected a positive int, got {_short(batch_size)}")
+    if batch_size <= 0:
+        raise ValueError(f"batch_size: must be > 0, got {batch_size!r}")
+    return int(batch_size)
+
+
+def check_real(value: object, name: str, *, low: float | None = None, high: float | None = None,
+               low_open: bool = False) -> float:
+    """A finite real number within [low, high] (or (low, high] with ``low_open``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {_short(value)}")
+    value = float(value)
+    if not np.isfinite(value):
+        raise ValueError(f"{name}: must be finite, got {value!r}")
+    if low is not None and (value <= low if low_open else value < low):
+        bound = f"> {low}" if low_open else f">= {low}"
+        raise ValueError(f"{name}: must be {bound}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{name}: must be <= {high}, got {value!r}")
+    return value
+
+
+def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"{name}: must be one of {choices}, got {_short(value)}")
+    return str(value)
+
+
+def as_index_array(values: object, name: str, *, upper: int | None = None) -> np.ndarray:
+    """A 1-D int64 array (a scalar becomes shape [1]); rejects floats, bools and out-of-range values."""
+    arr = np.asarray(values)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array of integers, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        if arr.size == 0:
+            return np.empty(0, np.int64)
+        raise TypeError(f"{name}: expected integers, got dtype {arr.dtype} ({_short(values)})")
+    arr = arr.astype(np.int64, copy=False)
+    if upper is not None and arr.size and (arr.min() < 0 or arr.max() >= upper):
+        bad = arr[(arr < 0) | (arr >= upper)][0]
+        raise ValueError(f"{name}: must lie in [0, {upper}), got {int(bad)}")
+    return np.ascontiguousarray(arr)
+
+
+def as_value_array(values: object, name: str, *, length: int) -> np.ndarray:
+    """A 1-D float64 array of the given length (a scalar becomes shape [1])."""
+    arr = np.asarray(values)
+    if arr.ndim == 0:
+        arr = arr.reshape(1)
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array, got shape {arr.shape}")
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{name}: expected real numbers, got dtype {arr.dtype} ({_short(values)})")
+    if arr.shape[0] != length:
+        raise ValueError(f"{name}: has {arr.shape[0]} values but the indices have {length}")
+    return np.ascontiguousarray(arr, dtype=np.float64)

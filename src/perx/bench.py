@@ -1,0 +1,325 @@
+"""Replay-buffer micro-benchmark: perx against a uniform floor and PyPI peers, in one process run.
+
+One *iteration* is "sample a batch of B with IS weights, then update the priorities of those B
+indices with fresh random values" on a buffer filled to N transitions (obs and next_obs float32[8],
+int64 action, float32 reward, bool terminated and truncated). The *floor* is ``rng.integers`` plus a
+gather of the same six fields, with no priorities at all. Also timed: one ``add`` and one ``extend``
+of 256 rows into the full buffer.
+
+Implementations are timed in interleaved blocks (floor, perx.Uniform, perx.Proportional, cpprb,
+tianshou, floor, ...) so that load changes on a shared machine hit them alike; each cell is the median
+over blocks of the mean time per call within a block. Ratios divide by the floor's median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import perx
+
+OBS_DIM = 8
+UPDATE_POOL = 64  # batches of fresh random priorities generated up front, cycled through
+
+
+def make_data(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "obs": rng.standard_normal((n, OBS_DIM), dtype=np.float32),
+        "action": rng.integers(0, 4, n, dtype=np.int64),
+        "reward": rng.standard_normal(n, dtype=np.float32),
+        "next_obs": rng.standard_normal((n, OBS_DIM), dtype=np.float32),
+        "terminated": rng.random(n) < 0.01,
+        "truncated": rng.random(n) < 0.001,
+    }
+
+
+@dataclass
+class Impl:
+    """One implementation under test: closures built on a buffer filled to N."""
+
+    name: str
+    iteration: Callable[[int], None]  # (B) -> sample + update
+    add: Callable[[], None]
+    extend: Callable[[], None]
+    note: str = ""
+
+
+def _floor(data, n, rng):
+    store = {k: v.copy() for k, v in data.items()}
+    one = {k: v[0] for k, v in data.items()}
+    rows = {k: v[:256] for k, v in data.items()}
+    pos = [0]
+
+    def iteration(b):
+        idx = rng.integers(0, n, b)
+        for arr in store.values():
+            arr[idx]
+
+    def add():
+        p = pos[0]
+        for k, arr in store.items():
+            arr[p] = one[k]
+        pos[0] = (p + 1) % n
+
+    def extend():
+        p = pos[0]
+        if p + 256 > n:
+            p = 0
+        for k, arr in store.items():
+            arr[p : p + 256] = rows[k]
+        pos[0] = p + 256
+
+    return Impl("floor", iteration, add, extend, "rng.integers + gather, no priorities")
+
+
+def _perx(sampler, label, data, n, rng):
+    buf = perx.ReplayBuffer(n, sampler, seed=0)
+    buf.extend(**data)
+    pool = rng.random((UPDATE_POOL, 256))
+    one = {k: v[0] for k, v in data.items()}
+    rows = {k: v[:256] for k, v in data.items()}
+    it = [0]
+
+    def iteration(b):
+        batch = buf.sample(b, beta=0.4)
+        it[0] = (it[0] + 1) % UPDATE_POOL
+        buf.update_priorities(batch.indices, pool[it[0], :b])
+
+    return Impl(label, iteration, lambda: buf.add(**one), lambda: buf.extend(**rows))
+
+
+def _cpprb(data, n, rng):
+    import cpprb
+
+    env = {
+        "obs": {"shape": OBS_DIM, "dtype": np.float32},
+        "action": {"dtype": np.int64},
+        "reward": {"dtype": np.float32},
+        "next_obs": {"shape": OBS_DIM, "dtype": np.float32},
+        "terminated": {"dtype": np.bool_},
+        "truncated": {"dtype": np.bool_},
+    }
+    buf = cpprb.PrioritizedReplayBuffer(n, env, alpha=0.6, eps=1e-6)
+    buf.add(**data)
+    pool = rng.random((UPDATE_POOL, 256))
+    one = {k: v[0] for k, v in data.items()}
+    rows = {k: v[:256] for k, v in data.items()}
+    it = [0]
+
+    def iteration(b):
+        s = buf.sample(b, beta=0.4)
+        it[0] = (it[0] + 1) % UPDATE_POOL
+        buf.update_priorities(s["indexes"], pool[it[0], :b])
+
+    return Impl(f"cpprb {cpprb.__version__}" if hasattr(cpprb, "__version__") else "cpprb",
+                iteration, lambda: buf.add(**one), lambda: buf.add(**rows))
+
+
+def _tianshou(data, n, rng):
+    import tianshou
+    from tianshou.data import Batch, PrioritizedReplayBuffer
+
+    buf = PrioritizedReplayBuffer(n, alpha=0.6, beta=0.4)
+
+    def row(i):
+        return Batch(obs=data["obs"][i], act=data["action"][i], rew=data["reward"][i],
+                     obs_next=data["next_obs"][i], terminated=data["terminated"][i],
+                     truncated=data["truncated"][i], info={})
+
+    buf.add(row(0))  # allocates the storage through the public API
+    # Tianshou's single-buffer `add` takes one transition per call (~1e6 calls would take minutes),
+    # so the rest of the fill writes its preallocated arrays directly and sets the tree's leaves to
+    # max_priority ** alpha, as its `init_weight` would. Sampling and updating below use the public API.
+    meta = buf._meta
+    meta.obs[:n] = data["obs"]
+    meta.act[:n] = data["action"]
+    meta.rew[:n] = data["reward"]
+    meta.obs_next[:n] = data["next_obs"]
+    meta.terminated[:n] = data["terminated"]
+    meta.truncated[:n] = data["truncated"]
+    meta.done[:n] = data["terminated"] | data["truncated"]
+    buf._size = n
+    buf._insertion_idx = 0
+    buf.init_weight(np.arange(n))
+    pool = rng.random((UPDATE_POOL, 256))
+    one = row(1)
+    it = [0]
+
+    def iteration(b):
+        batch, indices = buf.sample(b)
+        batch.weight  # noqa: B018 - the IS weights are part of the measured work
+        it[0] = (it[0] + 1) % UPDATE_POOL
+        buf.update_weight(indices, pool[it[0], :b])
+
+    def extend():
+        for _ in range(256):
+            buf.add(one)
+
+    return Impl(f"tianshou {tianshou.__version__}", iteration, lambda: buf.add(one), extend,
+                "no batch add: extend is 256 single adds")
+
+
+@dataclass
+class Cell:
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+
+def _time_block(fn: Callable[[], None], calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls
+
+
+def _build(data, n, rng, peers, skipped) -> list[Impl]:
+    builders = [
+        ("floor", lambda: _floor(data, n, rng)),
+        ("perx.Uniform", lambda: _perx(perx.Uniform(), "perx.Uniform", data, n, rng)),
+        ("perx.Proportional", lambda: _perx(perx.Proportional(alpha=0.6), "perx.Proportional", data, n, rng)),
+    ]
+    if peers:
+        builders += [("cpprb", lambda: _cpprb(data, n, rng)), ("tianshou", lambda: _tianshou(data, n, rng))]
+    impls = []
+    for name, build in builders:
+        try:
+            impls.append(build())
+        except ImportError as err:
+            skipped[name] = f"not installed ({err.name})"
+        except Exception as err:  # a peer that breaks must not hide the others
+            skipped[name] = f"failed: {type(err).__name__}: {err}"
+    return impls
+
+
+def run(sizes=(100_000, 1_000_000), batch_sizes=(32, 256), blocks=15, calls=200, peers=True,
+        log=print) -> dict:
+    """Run the benchmark; returns {"rows": [...], "impls": [...], "skipped": {...}, "load": ...}."""
+    rng = np.random.default_rng(0)
+    load_before = os.getloadavg()
+    rows = []
+    skipped: dict[str, str] = {}
+    impl_names: list[str] = []
+    for n in sizes:
+        impls = _build(make_data(n), n, rng, peers, skipped)
+        for impl in impls:
+            if impl.name not in impl_names:
+                impl_names.append(impl.name)
+        ops = [(f"sample+update B={b}", b, (lambda impl, b=b: (lambda: impl.iteration(b))))
+               for b in batch_sizes]
+        ops += [("add (1 row)", None, lambda impl: impl.add),
+                ("extend (256 rows)", None, lambda impl: impl.extend)]
+        for op_name, b, make_fn in ops:
+            if op_name.startswith("add") or op_name.startswith("extend"):
+                if n != max(sizes):
+                    continue  # adds are timed once, on the largest buffer
+            cells = {impl.name: Cell() for impl in impls}
+            fns = {impl.name: make_fn(impl) for impl in impls}
+            k = calls if b is None or b <= 64 else max(20, calls // 4)
+            for fn in fns.values():  # warm up: compile kernels, touch memory
+                _time_block(fn, 10)
+            gc.disable()
+            try:
+                for _ in range(blocks):
+                    for name, fn in fns.items():
+                        cells[name].samples.append(_time_block(fn, k))
+            finally:
+                gc.enable()
+            row = {"op": op_name, "N": n, "cells": {name: c.median for name, c in cells.items()}}
+            rows.append(row)
+            log(format_row(row, impl_names))
+        del impls
+        gc.collect()
+    return {"rows": rows, "impls": impl_names, "skipped": skipped,
+            "load": (load_before, os.getloadavg()), "notes": {}}
+
+
+def _fmt_time(s: float) -> str:
+    us = s * 1e6
+    return f"{us:.1f} µs" if us < 1000 else f"{us / 1000:.2f} ms"
+
+
+def format_row(row: dict, impl_names: list[str]) -> str:
+    floor = row["cells"].get("floor")
+    cells = []
+    for name in impl_names:
+        t = row["cells"].get(name)
+        if t is None:
+            cells.append("-")
+        elif floor:
+            cells.append(f"{_fmt_time(t)} ({t / floor:.2f}x)")
+        else:
+            cells.append(_fmt_time(t))
+    n = f"{row['N']:.0e}".replace("e+0", "e")
+    return f"| {row['op']} | {n} | " + " | ".join(cells) + " |"
+
+
+def format_table(result: dict, command: str) -> str:
+    names = result["impls"]
+    (l1, l5, l15), (e1, e5, e15) = result["load"]
+    lines = [
+        "# perx benchmark: sample+update, add, extend",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"numpy {np.__version__}, perx {perx.__version__}. Load average (1/5/15 min) before: "
+        f"{l1:.2f}/{l5:.2f}/{l15:.2f}, after: {e1:.2f}/{e5:.2f}/{e15:.2f}.",
+        "",
+        "Each cell: median over interleaved blocks of the mean time per call, and in brackets the ratio "
+        "to the floor (`rng.integers` + gather of the same six fields, no priorities) in the same row. "
+        "Iteration = sample B with IS weights (beta = 0.4) + update those B priorities with fresh "
+        "random values; alpha = 0.6.",
+        "",
+        "| operation | N | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    lines += [format_row(r, names) for r in result["rows"]]
+    if result["skipped"]:
+        lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items())]
+    lines += ["", "Notes: tianshou has no batch add for a single buffer, so its extend is 256 single adds; "
+              "its fill (not timed) writes its arrays directly. cpprb and tianshou sample independently; "
+              "perx.Proportional samples stratified (its default)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="perx bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer blocks and calls (about a minute)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000], help="buffer sizes N")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256], help="batch sizes B")
+    parser.add_argument("--blocks", type=int, default=None, help="interleaved timing blocks per cell")
+    parser.add_argument("--calls", type=int, default=None, help="calls per block (B <= 64)")
+    parser.add_argument("--no-peers", action="store_true", help="skip cpprb and tianshou")
+    parser.add_argument("--out", default=None, help="also write the markdown table to this file")
+    args = parser.parse_args(argv)
+    blocks = args.blocks or (7 if args.quick else 21)
+    calls = args.calls or (100 if args.quick else 300)
+    command = "perx bench " + " ".join(sys.argv[2:] if argv is None else argv)
+    names = ["floor", "perx.Uniform", "perx.Proportional"] + ([] if args.no_peers else ["cpprb", "tianshou"])
+    print("| operation | N | " + " | ".join(names) + " |", flush=True)
+    result = run(tuple(args.sizes), tuple(args.batch_sizes), blocks=blocks, calls=calls,
+                 peers=not args.no_peers, log=lambda line: print(line, flush=True))
+    table = format_table(result, command.strip())
+    print()
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

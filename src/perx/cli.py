@@ -1,0 +1,30 @@
+"""The ``perx`` command: one subcommand per job (``perx bench``; more with later studies)."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: perx <command> [options]
+
+commands:
+  bench    time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)
+
+Run `perx <command> --help` for a command's options."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "bench":
+        from perx.bench import main as bench_main
+
+        return bench_main(rest)
+    print(f"perx: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""Proportional prioritized replay (Schaul et al. 2016, Sec. 3.3-3.4, Alg. 1, App. B.2.1).
+
+Priority domains, kept apart by name:
+  * priority ``p_i = max(|delta_i| + eps, min_priority)`` (raw; ``min_priority`` is 0 for PER);
+  * mass ``p_i ** alpha``, the value stored in the sum and min trees (alpha applied exactly once, here);
+  * probability ``P(i) = mass_i / sum_k mass_k`` (000 eq. 1);
+  * weight ``w_i = (N * P(i)) ** -beta / max_j w_j`` (000 Sec. 3.4).
+
+Invariant: for every stored slot s, ``sum_tree.leaves[s] == priority[s] ** alpha`` and the min tree
+holds the same mass (+inf where the mass is 0, so zero-probability slots never set the buffer-wide
+maximum weight); every other leaf is empty.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from perx._validation import check_choice, check_real
+from perx.samplers.base import Sampler, raise_bad_update
+from perx.trees import MaxTree, MinTree, SumTree, _propagate, find_prefix
+
+#: New transitions get this priority before any priority has been seen (000 Alg. 1 line 2: p_1 = 1).
+INITIAL_PRIORITY = 1.0
+
+
+@njit(cache=True, nogil=True)
+def _mass(p, alpha):
+    # alpha == 0 is uniform replay: every mass is 1, a zero priority included (0 ** 0 == 1).
+    return 1.0 if alpha == 0.0 else p**alpha
+
+
+@njit(cache=True, nogil=True)
+def _sample(sum_nodes, min_nodes, leaf_base, u, stratified, beta, batch_norm, use_weights, next_id, capacity):
+    n = u.shape[0]
+    total = sum_nodes[1]
+    targets = np.empty(n)
+    if stratified:
+        # 000 App. B.2.1: split [0, total) into n equal ranges and draw once in each.
+        seg = total / n
+        for b in range(n):
+            targets[b] = (b + u[b]) * seg
+    else:
+        for b in range(n):
+            targets[b] = u[b] * total
+    slots = np.empty(n, np.int64)
+    find_prefix(sum_nodes, leaf_base, targets, slots)
+    probs = np.empty(n)
+    weights = np.ones(n)
+    ids = np.empty(n, np.int64)
+    head = next_id % capacity
+    base = next_id - head
+    min_mass = np.inf
+    for b in range(n):
+        s = slots[b]
+        m = sum_nodes[leaf_base + s]
+        probs[b] = m / total
+        weights[b] = m
+        if m < min_mass:
+            min_mass = m
+        ids[b] = base + s if s < head else base - capacity + s
+    if use_weights and beta > 0.0:
+        # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (mass_i / mass_min)^-beta: N and the total
+        # cancel, and the largest weight belongs to the smallest mass (buffer-wide from the min tree,
+        # or within the batch).
+        ref = min_mass if batch_norm else min_nodes[1]
+        for b in range(n):
+            weights[b] = (weights[b] / ref) ** -beta
+    else:
+        for b in range(n):
+            weights[b] = 1.0
+    return slots, ids, probs, weights
+
+
+@njit(cache=True, nogil=True)
+def _update(sum_nodes, min_nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
+            raw, eps, floor, alpha, state, track_max):
+    n = ids.shape[0]
+    # Pass 1 validates everything, pass 2 writes: a refused update leaves every array untouched.
+    for b in range(n):
+        v = values[b]
+        if not np.isfinite(v) or (raw and v < 0.0):
+            return -1
+    for b in range(n):
+        if ids[b] < 0 or ids[b] >= next_id:
+            return -2
+    oldest = next_id - capacity
+    slots = np.empty(n, np.int64)
+    count = 0
+    for b in range(n):
+        i = ids[b]
+        if i < oldest:
+            continue  # stale: the slot now holds a newer transition
+        s = i % capacity
+        if raw:
+            p = values[b]
+        else:
+            p = abs(values[b]) + eps
+            if p < floor:
+                p = floor
+        m = _mass(p, alpha)
+        prio[s] = p
+        sum_nodes[leaf_base + s] = m
+        min_nodes[leaf_base + s] = m if m > 0.0 else np.inf
+        if track_max:
+            max_nodes[leaf_base + s] = p
+        if p > state[0]:
+            state[0] = p
+        slots[count] = s
+        count += 1
+    # Duplicates: leaves were written in order, so the last occurrence wins; ancestors are then
+    # recomputed from their children, which is idempotent.
+    _propagate(sum_nodes, leaf_base, slots, count, 0)
+    _propagate(min_nodes, leaf_base, slots, count, 1)
+    if track_max:
+        _propagate(max_nodes, leaf_base, slots, count, 2)
+    return count
+
+
+@njit(cache=True, nogil=True)
+def _add(sum_nodes, min_nodes, max_nodes, prio, leaf_base, slots, alpha, state, track_max):
+    n = slots.shape[0]
+    if track_max:
+        # In-buffer maximum over the transitions that stay: clear the overwritten slots first.
+        for b in range(n):
+            max_nodes[leaf_base + slots[b]] = -np.inf
+        _propagate(max_nodes, leaf_base, slots, n, 2)
+        p = max_nodes[1]
+        if p == -np.inf:
+            p = 1.0
+    else:
+        p = state[0]
+    m = _mass(p, alpha)
+    for b in range(n):
+        s = slots[b]
+        prio[s] = p
+        sum_nodes[leaf_base + s] = m
+        min_nodes[leaf_base + s] = m if m > 0.0 else np.inf
+        if track_max:
+            max_nodes[leaf_base + s] = p
+    _propagate(sum_nodes, leaf_base, slots, n, 0)
+    _propagate(min_nodes, leaf_base, slots, n, 1)
+    if track_max:
+        _propagate(max_nodes, leaf_base, slots, n, 2)
+
+
+class Proportional(Sampler):
+    """Proportional prioritization: P(i) = p_i^alpha / sum_k p_k^alpha with p_i = |delta_i| + eps.
+
+    Sum tree for sampling and a min tree for the buffer-wide IS normalisation, both float64.
+    Sampling costs O(B log N), an update of B priorities O(B log N), an add O(log N).
+
+    Args:
+        alpha: priority exponent (alpha = 0 is uniform replay). Must be >= 0.
+        eps: added to |delta| so no transition's probability collapses to 0 (000 Sec. 3.3). >= 0.
+        stratified: one draw in each of B equal ranges of the total mass (000 App. B.2.1; default),
+            or B independent draws (``False``).
+        normalize: IS weights divided by the buffer-wide maximum weight, from the min tree
+            (``"buffer"``, default, 000 Sec. 3.4), or by the maximum within the batch (``"batch"``).
+        max_priority: priority given to new transitions. ``"historical"`` (default): the largest
+            priority ever assigned, starting at 1 (000 Alg. 1 line 2), as in Dopamine and the
+            LAP/PAL reference code; it never decreases. ``"buffer"``: the largest priority among the
+            transitions currently stored (a literal reading of Alg. 1 line 6), kept in a max tree
+            at the cost of a third tree update per write; 1 when the buffer is empty.
+        seed: seed of the sampler's own ``np.random.Generator`` (the buffer's ``seed`` overrides it).
+
+    With ``stratified=True`` the returned ``probabilities`` are still eq. (1)'s P(i): the expected
+    number of copies of transition i in a batch is B * P(i), as for independent draws, but the
+    draws within a batch are negatively correlated (lower variance).
+    """
+
+    name = "Proportional"
+    _min_priority = 0.0  # LAP's floor kappa (004 eq. 9); 0 for PER.
+    _importance_sampling = True
+
+    def __init__(self, alpha: float = 0.6, eps: float = 1e-6, *, stratified: bool = True,
+                 normalize: str = "buffer", max_priority: str = "historical", seed: int | None = None
+                 ) -> None:
+        super().__init__(seed=seed)
+        self.alpha = check_real(alpha, "alpha", low=0.0)
+        self.eps = check_real(eps, "eps", low=0.0)
+        if not isinstance(stratified, bool):
+            raise TypeError(f"stratified: expected a bool, got {stratified!r}")
+        self.stratified = stratified
+        self.normalize = check_choice(normalize, "normalize", ("buffer", "batch"))
+        self.max_priority_mode = check_choice(max_priority, "max_priority", ("historical", "buffer"))
+        self._state = np.array([INITIAL_PRIORITY])
+
+    def config(self):
+        return {"alpha": self.alpha, "eps": self.eps, "stratified": self.stratified,
+                "normalize": self.normalize, "max_priority": self.max_priority_mode}
+
+    def _allocate(self, capacity):
+        self.sum_tree = SumTree(capacity)
+        self.min_tree = MinTree(capacity)
+        track = self.max_priority_mode == "buffer"
+        # An unused max tree is a 2-element placeholder so the kernels keep one signature.
+        self.max_tree = MaxTree(capacity if track else 1)
+        self._track_max = track
+        self._priority = np.zeros(capacity)
+        self._leaf_base = len(self.sum_tree.nodes) // 2
+
+    @property
+    def max_priority(self) -> float:
+        """Priority the next new transition will get (raw domain, before alpha)."""
+        if self._track_max:
+            m = self.max_tree.max
+            return INITIAL_PRIORITY if m == -np.inf else m
+        return float(self._state[0])
+
+    def priority(self, td_errors) -> np.ndarray:
+        """The priority function, p = max(|delta| + eps, min_priority); float64, shape of the input."""
+        p = np.abs(np.asarray(td_errors, dtype=np.float64)) + self.eps
+        return np.maximum(p, self._min_priority)
+
+    def priorities(self, slots: np.ndarray) -> np.ndarray:
+        """Stored raw priorities at ``slots`` (float64 [B])."""
+        return self._priority[slots]
+
+    def on_add(self, slots):
+        _add(self.sum_tree.nodes, self.min_tree.nodes, self.max_tree.nodes, self._priority,
+             self._leaf_base, slots, self.alpha, self._state, self._track_max)
+
+    def sample(self, batch_size, beta, size, next_id):
+        if not self.sum_tree.nodes[1] > 0.0:
+            raise ValueError(
+                "sample: every stored transition has priority 0, so no probability can be formed "
+                "(use eps > 0, or set a positive priority)"
+            )
+        u = self._rng.random(batch_size)
+        return _sample(self.sum_tree.nodes, self.min_tree.nodes, self._leaf_base, u, self.stratified,
+                       beta, self.normalize == "batch", self._importance_sampling, next_id, self.capacity)
+
+    def update(self, ids, values, next_id, *, raw):
+        count = _update(self.sum_tree.nodes, self.min_tree.nodes, self.max_tree.nodes, self._priority,
+                        self._leaf_base, ids, values, next_id, self.capacity, raw, self.eps,
+                        self._min_priority, self.alpha, self._state, self._track_max)
+        if count < 0:
+            raise_bad_update(count, ids, values, next_id, raw)
+        return count
+
+    def probabilities(self, slots, size):
+        return self.sum_tree.nodes[self._leaf_base + slots] / self.sum_tree.nodes[1]
+
+    def state_dict(self):
+        meta, arrays = super().state_dict()
+        meta["max_priority"] = float(self._state[0])
+        arrays.update(sum_nodes=self.sum_tree.nodes, min_nodes=self.min_tree.nodes,
+                      max_nodes=self.max_tree.nodes, priority=self._priority)
+        return meta, arrays
+
+    def load_state_dict(self, meta, arrays):
+        super().load_state_dict(meta, arrays)
+        self._state[0] = float(meta["max_priority"])
+        for key, tree in (("sum_nodes", self.sum_tree), ("min_nodes", self.min_tree),
+                          ("max_nodes", self.max_tree)):
+            if arrays[key].shape != tree.nodes.shape:
+                raise ValueError(f"{key}: saved shape {arrays[key].shape} != expected {tree.nodes.shape}")
+            tree.nodes[:] = arrays[key]
+        self._priority[:] = arrays["priority"]

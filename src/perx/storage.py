@@ -1,0 +1,177 @@
+"""Circular storage of named fields with monotonic insertion ids.
+
+Each field is one preallocated array of shape ``[capacity, *field_shape]``. Transition number ``id``
+(0, 1, 2, ... in insertion order) lives in slot ``id % capacity``; the oldest is overwritten first
+(FIFO). An id is *live* while ``next_id - capacity <= id < next_id`` and *stale* once it has been
+overwritten, which is how the buffer skips stale priority updates with no extra bookkeeping.
+
+Invariant: a failed ``prepare`` (bad fields, shapes or dtypes) changes nothing; ``write`` only takes
+what ``prepare`` returned, so a failed ``add``/``extend`` adds nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from perx._validation import _short, check_capacity
+
+#: How values are cast into a field: numpy's ``same_kind`` rule. float64 -> float32 and int -> float
+#: are accepted; float -> int, int -> bool and str -> anything are refused.
+CASTING = "same_kind"
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Shape (without the leading capacity axis) and dtype of one stored field."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    def to_json(self) -> list:
+        return [list(self.shape), self.dtype.str]
+
+    @classmethod
+    def from_json(cls, obj: list) -> FieldSpec:
+        return cls(tuple(int(s) for s in obj[0]), np.dtype(obj[1]))
+
+
+def _parse_spec(spec: Mapping) -> dict[str, FieldSpec]:
+    if not isinstance(spec, Mapping) or not spec:
+        raise TypeError(f"spec: expected a non-empty dict of name -> (shape, dtype), got {_short(spec)}")
+    out = {}
+    for name, item in spec.items():
+        if isinstance(item, FieldSpec):
+            out[name] = item
+            continue
+        try:
+            shape, dtype = item
+            shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+            dtype = np.dtype(dtype)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"spec[{name!r}]: expected (shape, dtype), got {_short(item)}") from err
+        if any(s < 0 for s in shape) or dtype.kind not in "biufc":
+            raise ValueError(f"spec[{name!r}]: invalid shape or dtype {_short(item)}")
+        out[name] = FieldSpec(shape, dtype)
+    return out
+
+
+class Storage:
+    """Preallocated circular store of named fields (any shapes and numeric/bool dtypes).
+
+    Args:
+        capacity: number of transitions kept; the oldest is overwritten first.
+        spec: optional ``{name: (shape, dtype)}``. Without it, the first ``add``/``extend`` fixes the
+            fields, shapes and dtypes (Python floats become float64, ints int64, bools bool).
+    """
+
+    def __init__(self, capacity: int, spec: Mapping | None = None) -> None:
+        self.capacity = check_capacity(capacity)
+        self.next_id = 0
+        self.spec: dict[str, FieldSpec] | None = None
+        self.data: dict[str, np.ndarray] = {}
+        if spec is not None:
+            self._allocate(_parse_spec(spec))
+
+    def __len__(self) -> int:
+        return min(self.next_id, self.capacity)
+
+    def _allocate(self, spec: dict[str, FieldSpec]) -> None:
+        self.spec = spec
+        self.data = {name: np.zeros((self.capacity, *f.shape), f.dtype) for name, f in spec.items()}
+
+    def _infer_spec(self, fields: Mapping, batched: bool) -> dict[str, FieldSpec]:
+        spec = {}
+        for name, value in fields.items():
+            arr = np.asarray(value)
+            if batched:
+                if arr.ndim == 0:
+                    raise ValueError(
+                        f"{name}: extend needs a leading batch axis, got a scalar {_short(value)}"
+                    )
+                shape = arr.shape[1:]
+            else:
+                shape = arr.shape
+            if arr.dtype.kind not in "biufc":
+                raise TypeError(f"{name}: cannot store dtype {arr.dtype} ({_short(value)})")
+            spec[name] = FieldSpec(tuple(shape), arr.dtype)
+        if not spec:
+            raise ValueError("fields: a transition needs at least one field, got none")
+        return spec
+
+    def prepare(self, fields: Mapping, *, batched: bool) -> tuple[dict[str, np.ndarray], int, dict | None]:
+        """Validate and convert one transition (``batched=False``) or a batch; changes nothing.
+
+        Returns:
+            (arrays ready to write, number of rows, a new spec if this call fixes the layout or None).
+
+        Raises:
+            ValueError: missing or extra fields, wrong shapes, batch lengths that differ.
+            TypeError: a value whose dtype cannot be cast to the field's dtype under ``same_kind``.
+        """
+        spec = self.spec
+        new_spec = None
+        if spec is None:
+            spec = new_spec = self._infer_spec(fields, batched)
+        if fields.keys() != spec.keys():
+            missing = sorted(spec.keys() - fields.keys())
+            extra = sorted(fields.keys() - spec.keys())
+            raise ValueError(f"fields: missing {missing}, unexpected {extra}; expected {sorted(spec)}")
+        out = {}
+        rows = -1
+        for name, f in spec.items():
+            value = fields[name]
+            arr = value if type(value) is np.ndarray else np.asarray(value)
+            if arr.dtype != f.dtype and not np.can_cast(arr.dtype, f.dtype, CASTING):
+                raise TypeError(
+                    f"{name}: cannot cast dtype {arr.dtype} to the field's {f.dtype} safely "
+                    f"(rule {CASTING!r}); got {_short(value)}"
+                )
+            if batched:
+                if arr.ndim == 0 or arr.shape[1:] != f.shape:
+                    raise ValueError(
+                        f"{name}: expected shape (batch, {', '.join(map(str, f.shape))}) for extend, "
+                        f"got {arr.shape}"
+                    )
+                if rows < 0:
+                    rows = arr.shape[0]
+                elif arr.shape[0] != rows:
+                    raise ValueError(f"{name}: has {arr.shape[0]} rows but other fields have {rows}")
+            elif arr.shape != f.shape:
+                raise ValueError(f"{name}: expected shape {f.shape}, got {arr.shape}")
+            out[name] = arr
+        return out, (rows if batched else 1), new_spec
+
+    def write(self, arrays: dict[str, np.ndarray], rows: int, new_spec: dict | None, *, batched: bool
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """Write what ``prepare`` returned. Returns (ids [rows], slots actually written [<= capacity])."""
+        if new_spec is not None:
+            self._allocate(new_spec)
+        cap = self.capacity
+        start = self.next_id
+        if not batched:
+            slot = start % cap
+            for name, arr in arrays.items():
+                self.data[name][slot] = arr
+            self.next_id = start + 1
+            return np.array([start], np.int64), np.array([slot], np.int64)
+        # Only the last `capacity` rows of an oversized batch survive; the others are stale at once.
+        skip = max(0, rows - cap)
+        kept = rows - skip
+        first = (start + skip) % cap
+        head = min(kept, cap - first)
+        for name, arr in arrays.items():
+            dst = self.data[name]
+            src = arr[skip:]
+            dst[first : first + head] = src[:head]
+            if head < kept:
+                dst[: kept - head] = src[head:]
+        self.next_id = start + rows
+        ids = np.arange(start, start + rows, dtype=np.int64)
+        return ids, ids[skip:] % cap
+
+    def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """Copies of every field at ``slots`` (int64 [B]); each array is [B, *field_shape]."""
+        return {name: arr[slots] for name, arr in self.data.items()}

@@ -1,0 +1,62 @@
+"""Shared factories: every sampler goes through the same conformance checks."""
+
+import numpy as np
+import pytest
+
+import perx
+
+#: name -> factory of a fresh, unbound sampler. Later samplers join this list.
+SAMPLERS = {
+    "uniform": lambda: perx.Uniform(),
+    "proportional": lambda: perx.Proportional(alpha=0.6),
+    "proportional-independent": lambda: perx.Proportional(alpha=0.6, stratified=False),
+    "proportional-batchnorm": lambda: perx.Proportional(alpha=0.7, normalize="batch"),
+    "proportional-buffermax": lambda: perx.Proportional(alpha=0.5, max_priority="buffer"),
+}
+
+
+@pytest.fixture(params=sorted(SAMPLERS))
+def make_sampler(request):
+    return SAMPLERS[request.param]
+
+
+def transitions(n, start=0, obs_dim=3):
+    """n distinct transitions; obs[:, 0] holds the insertion number so rows can be identified."""
+    k = np.arange(start, start + n)
+    obs = np.zeros((n, obs_dim), np.float32)
+    obs[:, 0] = k
+    return {
+        "obs": obs,
+        "action": (k % 4).astype(np.int64),
+        "reward": (k * 0.5).astype(np.float32),
+        "next_obs": obs + 1,
+        "terminated": k % 7 == 0,
+        "truncated": k % 11 == 0,
+    }
+
+
+def filled(sampler, capacity=50, n=None, seed=0):
+    buf = perx.ReplayBuffer(capacity, sampler, seed=seed)
+    buf.extend(**transitions(capacity if n is None else n))
+    return buf
+
+
+def snapshot(buf):
+    """Everything observable about a buffer's state, for 'nothing changed' checks."""
+    meta, arrays = buf.sampler.state_dict()
+    return {
+        "next": buf.next_index,
+        "len": len(buf),
+        "data": {k: v.copy() for k, v in buf._storage.data.items()},
+        "sampler_arrays": {k: v.copy() for k, v in arrays.items()},
+        "sampler_meta": repr(meta),
+    }
+
+
+def assert_same(a, b):
+    assert a["next"] == b["next"] and a["len"] == b["len"]
+    assert a["sampler_meta"] == b["sampler_meta"]
+    for k in a["data"]:
+        np.testing.assert_array_equal(a["data"][k], b["data"][k])
+    for k in a["sampler_arrays"]:
+        np.testing.assert_array_equal(a["sampler_arrays"][k], b["sampler_arrays"][k])

@@ -1,0 +1,149 @@
+"""Proportional PER specifics: priority function, max priority for new items, duplicates, arguments."""
+
+import numpy as np
+import pytest
+
+import perx
+from tests.conftest import assert_same, filled, snapshot, transitions
+
+
+def one(k=0):
+    return {key: v[0] for key, v in transitions(1, start=k).items()}
+
+
+def test_first_transitions_get_priority_one():
+    """000 Alg. 1 line 2: p_1 = 1 before any priority has been seen."""
+    buf = perx.ReplayBuffer(8, perx.Proportional(alpha=0.6))
+    buf.extend(**transitions(3))
+    assert buf.sampler.priorities(np.arange(3)).tolist() == [1.0, 1.0, 1.0]
+    assert buf.sampler.sum_tree.leaves[:3].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_new_transition_gets_max_priority_with_alpha_applied_once():
+    """Regression guard for the double-alpha bug (pytorch/rl#2211, #3925): leaf = max_priority ** alpha."""
+    alpha, eps = 0.6, 1e-6
+    buf = perx.ReplayBuffer(8, perx.Proportional(alpha=alpha, eps=eps))
+    buf.extend(**transitions(3))
+    buf.update_priorities([0, 1, 2], [-3.0, 0.5, 2.0])  # the sign does not matter: |delta|
+    idx = buf.add(**one(3))
+    slot = int(idx[0]) % 8
+    assert buf.sampler.max_priority == 3.0 + eps
+    assert buf.sampler.priorities(np.array([slot]))[0] == 3.0 + eps
+    assert buf.sampler.sum_tree.leaves[slot] == (3.0 + eps) ** alpha
+    assert buf.sampler.min_tree.leaves[slot] == (3.0 + eps) ** alpha
+
+
+def test_priority_is_absolute_td_error_plus_eps():
+    buf = filled(perx.Proportional(alpha=0.6, eps=0.25), capacity=4)
+    buf.update_priorities([0, 1, 2, 3], [-2.0, 2.0, 0.0, -0.5])
+    assert buf.sampler.priorities(np.arange(4)).tolist() == [2.25, 2.25, 0.25, 0.75]
+    np.testing.assert_array_equal(buf.sampler.priority([-2.0, 0.0]), [2.25, 0.25])
+
+
+def test_historical_max_never_decreases():
+    buf = filled(perx.Proportional(eps=0.0), capacity=4)
+    buf.update_priorities([0, 1, 2, 3], [5.0, 1.0, 1.0, 1.0])
+    buf.update_priorities([0], [0.1])  # the 5 is gone from the buffer but not from history
+    idx = buf.add(**one(4))  # overwrites slot 0
+    assert buf.sampler.priorities(idx % 4)[0] == 5.0
+
+
+def test_buffer_max_follows_the_stored_priorities():
+    buf = filled(perx.Proportional(eps=0.0, max_priority="buffer"), capacity=4)
+    buf.update_priorities([0, 1, 2, 3], [5.0, 1.0, 2.0, 1.0])
+    buf.update_priorities([0], [0.1])
+    assert buf.sampler.max_priority == 2.0
+    idx = buf.add(**one(4))  # overwrites slot 0 (priority 0.1): the max of the rest is 2
+    assert buf.sampler.priorities(idx % 4)[0] == 2.0
+    buf.update_priorities([2, 4], [0.3, 0.2])
+    idx = buf.add(**one(5))  # overwrites slot 1 (priority 1): remaining are 0.2, 0.3, 1.0... slot 3
+    assert buf.sampler.priorities(idx % 4)[0] == 1.0
+
+
+def test_buffer_max_excludes_the_transition_being_overwritten():
+    buf = filled(perx.Proportional(eps=0.0, max_priority="buffer"), capacity=2)
+    buf.update_priorities([0, 1], [9.0, 1.0])
+    idx = buf.add(**one(2))  # evicts id 0, the only transition with 9
+    assert buf.sampler.priorities(idx % 2)[0] == 1.0
+
+
+def test_duplicate_indices_in_one_update_last_wins():
+    """Documented rule: updates apply in order, so the last duplicate wins; each one is counted."""
+    buf = filled(perx.Proportional(alpha=1.0, eps=0.0), capacity=5)
+    applied = buf.update_priorities([1, 2, 1, 1], [4.0, 2.0, 7.0, 3.0])
+    assert applied == 4
+    assert buf.sampler.priorities(np.array([1, 2])).tolist() == [3.0, 2.0]
+    assert buf.sampler.max_priority == 7.0  # every applied value counts toward the historical max
+    tree = buf.sampler.sum_tree
+    before = tree.nodes.copy()
+    tree.rebuild()
+    np.testing.assert_array_equal(before, tree.nodes)
+
+
+def test_alpha_zero_is_uniform_replay():
+    buf = filled(perx.Proportional(alpha=0.0), capacity=10)
+    buf.update_priorities(np.arange(10), np.arange(10.0) * 100)
+    np.testing.assert_allclose(buf.probabilities(), np.full(10, 0.1), rtol=1e-15)
+
+
+def test_zero_priority_transitions_are_never_sampled():
+    buf = filled(perx.Proportional(alpha=0.6, eps=0.0), capacity=10)
+    buf.set_priorities(np.arange(10), [0, 0, 1, 0, 0, 2, 0, 0, 0, 0])
+    for _ in range(100):
+        assert set(buf.sample(16).indices % 10) <= {2, 5}
+    # weights stay finite: the buffer-wide maximum weight is over transitions that can be drawn
+    assert np.isfinite(buf.sample(16, beta=1.0).weights).all()
+
+
+def test_all_zero_priorities_cannot_be_sampled():
+    buf = filled(perx.Proportional(eps=0.0), capacity=4)
+    buf.set_priorities(np.arange(4), np.zeros(4))
+    with pytest.raises(ValueError, match="priority 0"):
+        buf.sample(2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"alpha": -0.1}, ValueError, "alpha"),
+        ({"alpha": float("nan")}, ValueError, "alpha"),
+        ({"alpha": "0.6"}, TypeError, "alpha"),
+        ({"eps": -1e-6}, ValueError, "eps"),
+        ({"normalize": "max"}, ValueError, "normalize"),
+        ({"max_priority": "all"}, ValueError, "max_priority"),
+        ({"stratified": 1}, TypeError, "stratified"),
+    ],
+)
+def test_bad_constructor_arguments_are_refused(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        perx.Proportional(**kwargs)
+
+
+@pytest.mark.parametrize("capacity", [0, -5])
+def test_non_positive_capacity_is_refused(capacity):
+    with pytest.raises(ValueError, match="capacity"):
+        perx.ReplayBuffer(capacity, perx.Proportional())
+
+
+def test_bad_capacity_type_is_refused():
+    with pytest.raises(TypeError, match="capacity"):
+        perx.ReplayBuffer(10.0)
+    with pytest.raises(TypeError, match="sampler"):
+        perx.ReplayBuffer(10, "proportional")
+
+
+def test_updates_with_float32_and_lists_are_accepted():
+    buf = filled(perx.Proportional(eps=0.0), capacity=4)
+    assert buf.update_priorities(np.array([0, 1], np.int32), np.array([1.5, 2.5], np.float32)) == 2
+    assert buf.update_priorities([2], [3]) == 1
+    assert buf.update_priorities(3, 0.5) == 1
+    assert buf.sampler.priorities(np.arange(4)).tolist() == [1.5, 2.5, 3.0, 0.5]
+
+
+def test_refused_update_leaves_the_max_priority_alone():
+    buf = filled(perx.Proportional(), capacity=4)
+    before = snapshot(buf)
+    with pytest.raises(ValueError):
+        buf.update_priorities([0, 1], [100.0, np.nan])
+    assert_same(before, snapshot(buf))
+    assert buf.sampler.max_priority == 1.0

@@ -1,0 +1,32 @@
+"""The `perx` command: help, unknown commands, and a tiny benchmark run."""
+
+import subprocess
+import sys
+
+from perx.bench import main as bench_main
+from perx.cli import main
+
+
+def test_help_lists_the_bench_command(capsys):
+    assert main(["--help"]) == 0
+    assert "bench" in capsys.readouterr().out
+
+
+def test_unknown_command_fails_with_usage(capsys):
+    assert main(["nope"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+
+
+def test_bench_prints_a_table_with_ratios_to_the_floor(tmp_path, capsys):
+    out = tmp_path / "bench.md"
+    assert bench_main(["--sizes", "2000", "--batch-sizes", "8", "--blocks", "2", "--calls", "5",
+                       "--no-peers", "--out", str(out)]) == 0
+    table = out.read_text()
+    assert "| sample+update B=8 | 2e3 | " in table
+    assert "perx.Proportional" in table and "(1.00x)" in table
+    assert "| add (1 row) |" in table and "| extend (256 rows) |" in table
+
+
+def test_console_script_runs():
+    out = subprocess.run([sys.executable, "-m", "perx.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "bench" in out.stdout

@@ -1,0 +1,86 @@
+"""Save and load: complete state, atomic writes, clear errors on damaged files."""
+
+import os
+
+import numpy as np
+import pytest
+
+import perx
+from tests.conftest import filled, transitions
+
+
+def test_round_trip_restores_counters_data_trees_and_rng(tmp_path):
+    buf = filled(perx.Proportional(alpha=0.7, max_priority="buffer"), capacity=30, n=44, seed=4)
+    buf.update_priorities(np.arange(14, 44), np.linspace(-2, 2, 30))
+    path = tmp_path / "b.perx"
+    buf.save(path)
+    twin = perx.ReplayBuffer.load(path)
+    assert twin.next_index == 44 and len(twin) == 30
+    assert twin.sampler.max_priority == buf.sampler.max_priority
+    np.testing.assert_array_equal(twin.sampler.sum_tree.nodes, buf.sampler.sum_tree.nodes)
+    np.testing.assert_array_equal(twin.sampler.min_tree.nodes, buf.sampler.min_tree.nodes)
+    assert twin.sampler.rng.bit_generator.state == buf.sampler.rng.bit_generator.state
+    assert os.listdir(tmp_path) == ["b.perx"]  # the exact name, no temporary left behind
+
+
+def test_partially_filled_and_empty_buffers_round_trip(tmp_path):
+    empty = perx.ReplayBuffer(10, perx.Proportional())
+    empty.save(tmp_path / "e")
+    loaded = perx.ReplayBuffer.load(tmp_path / "e")
+    assert len(loaded) == 0 and loaded.spec is None
+    loaded.extend(**transitions(3))
+    part = filled(perx.Uniform(), capacity=10, n=3)
+    part.save(tmp_path / "p")
+    again = perx.ReplayBuffer.load(tmp_path / "p")
+    assert len(again) == 3 and again.sample(4).indices.max() < 3
+
+
+def test_failed_save_leaves_the_previous_file_intact(tmp_path, monkeypatch):
+    buf = filled(perx.Proportional(), capacity=10)
+    path = tmp_path / "b"
+    buf.save(path)
+    good = path.read_bytes()
+
+    def boom(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", boom)
+    with pytest.raises(OSError, match="disk full"):
+        buf.save(path)
+    assert path.read_bytes() == good
+    assert os.listdir(tmp_path) == ["b"]
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.9, 0.999])
+def test_truncated_file_gives_a_clear_error(tmp_path, keep):
+    buf = filled(perx.Proportional(), capacity=50)
+    path = tmp_path / "b"
+    buf.save(path)
+    raw = path.read_bytes()
+    path.write_bytes(raw[: int(len(raw) * keep)])
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        perx.ReplayBuffer.load(path)
+
+
+def test_corrupted_bytes_give_a_clear_error(tmp_path):
+    buf = filled(perx.Proportional(), capacity=50)
+    path = tmp_path / "b"
+    buf.save(path)
+    raw = bytearray(path.read_bytes())
+    mid = len(raw) // 2
+    raw[mid : mid + 16] = b"\xff" * 16
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        perx.ReplayBuffer.load(path)
+
+
+def test_foreign_file_is_refused(tmp_path):
+    path = tmp_path / "x.npz"
+    np.savez(path, meta=np.frombuffer(b'{"format": "other"}', np.uint8))
+    with pytest.raises(ValueError, match=r"not a saved perx\.ReplayBuffer"):
+        perx.ReplayBuffer.load(path)
+    (tmp_path / "t.txt").write_text("hello")
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        perx.ReplayBuffer.load(tmp_path / "t.txt")
+    with pytest.raises(FileNotFoundError):
+        perx.ReplayBuffer.load(tmp_path / "missing")

@@ -1,0 +1,86 @@
+"""Circular storage of named fields: layouts, dtypes, batch writes, wrap-around."""
+
+import numpy as np
+import pytest
+
+import perx
+from tests.conftest import transitions
+
+
+def test_first_add_fixes_fields_shapes_and_dtypes():
+    buf = perx.ReplayBuffer(5)
+    buf.add(obs=np.zeros((2, 3), np.uint8), action=1, reward=0.5, terminated=True, truncated=False)
+    spec = buf.spec
+    assert spec["obs"] == perx.FieldSpec((2, 3), np.dtype(np.uint8))
+    assert spec["action"].dtype == np.int64 and spec["reward"].dtype == np.float64
+    assert spec["terminated"].dtype == np.bool_ and spec["truncated"].dtype == np.bool_
+    assert "done" not in spec  # terminated and truncated are never merged
+
+
+def test_explicit_spec_preallocates_and_casts_safely():
+    spec = {"obs": ((84, 84), np.uint8), "action": ((), np.int32), "reward": ((), np.float32),
+            "terminated": ((), bool), "truncated": ((), bool)}
+    buf = perx.ReplayBuffer(3, spec=spec)
+    assert buf._storage.data["obs"].shape == (3, 84, 84)
+    buf.add(obs=np.ones((84, 84), np.uint8), action=2, reward=1.0, terminated=False, truncated=True)
+    batch = buf.sample(2)
+    assert batch["obs"].dtype == np.uint8 and batch["reward"].dtype == np.float32
+    assert batch["truncated"].tolist() == [True, True] and batch["terminated"].tolist() == [False, False]
+
+
+def test_extend_writes_rows_in_order_and_wraps_around():
+    buf = perx.ReplayBuffer(5)
+    buf.extend(**transitions(3))
+    ids = buf.extend(**transitions(4, start=3))  # ids 3..6 -> slots 3, 4, 0, 1
+    assert ids.tolist() == [3, 4, 5, 6]
+    assert buf._storage.data["obs"][:, 0].tolist() == [5, 6, 2, 3, 4]
+    assert len(buf) == 5 and buf.next_index == 7
+
+
+def test_oversized_extend_keeps_the_last_capacity_rows():
+    buf = perx.ReplayBuffer(4, perx.Proportional())
+    ids = buf.extend(**transitions(10))
+    assert ids.tolist() == list(range(10))
+    assert sorted(buf._storage.data["obs"][:, 0].tolist()) == [6, 7, 8, 9]
+    assert buf.update_priorities(ids, np.ones(10)) == 4  # ids 0..5 are stale at once
+    batch = buf.sample(50)
+    assert set(batch.indices.tolist()) <= {6, 7, 8, 9}
+
+
+def test_single_adds_and_batch_adds_store_the_same_rows():
+    a, b = perx.ReplayBuffer(6), perx.ReplayBuffer(6)
+    data = transitions(9)
+    for i in range(9):
+        a.add(**{k: v[i] for k, v in data.items()})
+    b.extend(**data)
+    for key in data:
+        np.testing.assert_array_equal(a._storage.data[key], b._storage.data[key])
+
+
+def test_empty_extend_is_a_no_op():
+    buf = perx.ReplayBuffer(4)
+    buf.extend(**transitions(2))
+    empty = {k: v[:0] for k, v in transitions(2).items()}
+    assert buf.extend(**empty).tolist() == []
+    assert len(buf) == 2
+
+
+def test_extend_without_batch_axis_is_refused():
+    buf = perx.ReplayBuffer(4)
+    with pytest.raises(ValueError, match="leading batch axis"):
+        buf.extend(obs=1.0, action=2)
+    assert len(buf) == 0 and buf.spec is None
+
+
+def test_unstorable_dtype_is_refused():
+    buf = perx.ReplayBuffer(4)
+    with pytest.raises(TypeError, match="note"):
+        buf.add(obs=np.zeros(2), note="hello")
+    assert buf.spec is None
+
+
+def test_bad_spec_is_refused():
+    with pytest.raises(TypeError, match="spec"):
+        perx.ReplayBuffer(4, spec={"obs": "float32"})
+    with pytest.raises(TypeError, match="spec"):
+        perx.ReplayBuffer(4, spec=[("obs", (3,), np.float32)])
