@@ -295,8 +295,9 @@ def format_table(result: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="perx bench", description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buffer.py") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer blocks and calls (about a minute)")
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000], help="buffer sizes N")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256], help="batch sizes B")
@@ -307,12 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     blocks = args.blocks or (7 if args.quick else 21)
     calls = args.calls or (100 if args.quick else 300)
-    command = "perx bench " + " ".join(sys.argv[2:] if argv is None else argv)
+    command = " ".join([prog, *argv])
     names = ["floor", "perx.Uniform", "perx.Proportional"] + ([] if args.no_peers else ["cpprb", "tianshou"])
     print("| operation | N | " + " | ".join(names) + " |", flush=True)
     result = run(tuple(args.sizes), tuple(args.batch_sizes), blocks=blocks, calls=calls,
                  peers=not args.no_peers, log=lambda line: print(line, flush=True))
-    table = format_table(result, command.strip())
+    table = format_table(result, command)
     print()
     print(table)
     if args.out:

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "bench":
         from perx.bench import main as bench_main
 
-        return bench_main(rest)
+        return bench_main(rest, prog="perx bench")
     print(f"perx: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

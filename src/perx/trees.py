@@ -44,9 +44,13 @@ def _propagate(nodes, leaf_base, slots, count, op):
         pos[b] = slots[b] + leaf_base
     width = leaf_base
     while width > 1:
+        last = -1
         for b in range(count):
             p = pos[b] >> 1
             pos[b] = p
+            if p == last:
+                continue  # both children are final at this level: recomputing p gives the same value
+            last = p
             left = nodes[2 * p]
             right = nodes[2 * p + 1]
             if op == 0:
@@ -118,10 +122,16 @@ class _SegmentTree:
     _op = _SUM
     _name = "tree"
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, nodes: np.ndarray | None = None) -> None:
         self.capacity = check_capacity(capacity)
         self._leaf_base = leaf_count(self.capacity)
-        self.nodes = np.full(2 * self._leaf_base, _IDENTITY[self._op], dtype=np.float64)
+        if nodes is None:
+            nodes = np.full(2 * self._leaf_base, _IDENTITY[self._op], dtype=np.float64)
+        elif nodes.shape != (2 * self._leaf_base,) or nodes.dtype != np.float64:
+            raise ValueError(f"nodes: expected float64 of shape ({2 * self._leaf_base},), got "
+                             f"{nodes.dtype}{nodes.shape}")
+        #: float64 [2L]; may be a strided view into a structure shared with another tree.
+        self.nodes = nodes
 
     @property
     def root(self) -> float:

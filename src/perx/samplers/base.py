@@ -39,16 +39,19 @@ def ids_of_slots(slots, next_id, capacity):
 
 
 @njit(cache=True, nogil=True)
-def check_update(ids, values, next_id, raw):
-    """Return BAD_VALUE / BAD_ID for the first problem in an update, else 0. Reads only."""
+def check_update(ids, values, next_id, capacity, raw):
+    """BAD_VALUE / BAD_ID for the first problem in an update, else the number of live ids. Reads only."""
     for b in range(ids.shape[0]):
         v = values[b]
         if not np.isfinite(v) or (raw and v < 0.0):
             return BAD_VALUE
+    live = 0
     for b in range(ids.shape[0]):
         if ids[b] < 0 or ids[b] >= next_id:
             return BAD_ID
-    return 0
+        if ids[b] >= next_id - capacity:
+            live += 1
+    return live
 
 
 def raise_bad_update(code: int, ids: np.ndarray, values: np.ndarray, next_id: int, raw: bool) -> None:
@@ -132,10 +135,10 @@ class Sampler:
         ``ids`` int64 [B] and ``values`` float64 [B] have equal lengths (the buffer checked that).
         Stale ids are skipped; bad values or never-issued ids raise ValueError with nothing changed.
         """
-        code = check_update(ids, values, next_id, raw)
+        code = check_update(ids, values, next_id, self.capacity, raw)
         if code < 0:
             raise_bad_update(code, ids, values, next_id, raw)
-        return int(np.count_nonzero(ids >= next_id - self.capacity))
+        return code
 
     def probabilities(self, slots: np.ndarray, size: int) -> np.ndarray:
         """Exact P(i) of the transitions in ``slots`` (float64 [B])."""

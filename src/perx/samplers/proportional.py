@@ -18,7 +18,7 @@ from numba import njit
 
 from perx._validation import check_choice, check_real
 from perx.samplers.base import Sampler, raise_bad_update
-from perx.trees import MaxTree, MinTree, SumTree, _propagate, find_prefix
+from perx.trees import MaxTree, MinTree, SumTree, _propagate, find_prefix, leaf_count
 
 #: New transitions get this priority before any priority has been seen (000 Alg. 1 line 2: p_1 = 1).
 INITIAL_PRIORITY = 1.0
@@ -31,9 +31,35 @@ def _mass(p, alpha):
 
 
 @njit(cache=True, nogil=True)
-def _sample(sum_nodes, min_nodes, leaf_base, u, stratified, beta, batch_norm, use_weights, next_id, capacity):
+def _propagate_sum_min(nodes, leaf_base, slots, count):
+    """Recompute sum (column 0) and min (column 1) ancestors of ``slots[:count]``, level by level.
+
+    Both values of a node share a cache line, so the min tree rides along the sum tree's path.
+    """
+    pos = np.empty(count, np.int64)
+    for b in range(count):
+        pos[b] = slots[b] + leaf_base
+    width = leaf_base
+    while width > 1:
+        last = -1
+        for b in range(count):
+            p = pos[b] >> 1
+            pos[b] = p
+            if p == last:
+                continue
+            last = p
+            k = 2 * p
+            nodes[p, 0] = nodes[k, 0] + nodes[k + 1, 0]
+            a = nodes[k, 1]
+            c = nodes[k + 1, 1]
+            nodes[p, 1] = a if a <= c else c
+        width >>= 1
+
+
+@njit(cache=True, nogil=True)
+def _sample(nodes, leaf_base, u, stratified, beta, batch_norm, use_weights, next_id, capacity):
     n = u.shape[0]
-    total = sum_nodes[1]
+    total = nodes[1, 0]
     targets = np.empty(n)
     if stratified:
         # 000 App. B.2.1: split [0, total) into n equal ranges and draw once in each.
@@ -44,7 +70,7 @@ def _sample(sum_nodes, min_nodes, leaf_base, u, stratified, beta, batch_norm, us
         for b in range(n):
             targets[b] = u[b] * total
     slots = np.empty(n, np.int64)
-    find_prefix(sum_nodes, leaf_base, targets, slots)
+    find_prefix(nodes[:, 0], leaf_base, targets, slots)
     probs = np.empty(n)
     weights = np.ones(n)
     ids = np.empty(n, np.int64)
@@ -53,7 +79,7 @@ def _sample(sum_nodes, min_nodes, leaf_base, u, stratified, beta, batch_norm, us
     min_mass = np.inf
     for b in range(n):
         s = slots[b]
-        m = sum_nodes[leaf_base + s]
+        m = nodes[leaf_base + s, 0]
         probs[b] = m / total
         weights[b] = m
         if m < min_mass:
@@ -63,7 +89,7 @@ def _sample(sum_nodes, min_nodes, leaf_base, u, stratified, beta, batch_norm, us
         # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (mass_i / mass_min)^-beta: N and the total
         # cancel, and the largest weight belongs to the smallest mass (buffer-wide from the min tree,
         # or within the batch).
-        ref = min_mass if batch_norm else min_nodes[1]
+        ref = min_mass if batch_norm else nodes[1, 1]
         for b in range(n):
             weights[b] = (weights[b] / ref) ** -beta
     else:
@@ -73,7 +99,7 @@ def _sample(sum_nodes, min_nodes, leaf_base, u, stratified, beta, batch_norm, us
 
 
 @njit(cache=True, nogil=True)
-def _update(sum_nodes, min_nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
+def _update(nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
             raw, eps, floor, alpha, state, track_max):
     n = ids.shape[0]
     # Pass 1 validates everything, pass 2 writes: a refused update leaves every array untouched.
@@ -100,8 +126,8 @@ def _update(sum_nodes, min_nodes, max_nodes, prio, leaf_base, ids, values, next_
                 p = floor
         m = _mass(p, alpha)
         prio[s] = p
-        sum_nodes[leaf_base + s] = m
-        min_nodes[leaf_base + s] = m if m > 0.0 else np.inf
+        nodes[leaf_base + s, 0] = m
+        nodes[leaf_base + s, 1] = m if m > 0.0 else np.inf
         if track_max:
             max_nodes[leaf_base + s] = p
         if p > state[0]:
@@ -110,15 +136,14 @@ def _update(sum_nodes, min_nodes, max_nodes, prio, leaf_base, ids, values, next_
         count += 1
     # Duplicates: leaves were written in order, so the last occurrence wins; ancestors are then
     # recomputed from their children, which is idempotent.
-    _propagate(sum_nodes, leaf_base, slots, count, 0)
-    _propagate(min_nodes, leaf_base, slots, count, 1)
+    _propagate_sum_min(nodes, leaf_base, slots, count)
     if track_max:
         _propagate(max_nodes, leaf_base, slots, count, 2)
     return count
 
 
 @njit(cache=True, nogil=True)
-def _add(sum_nodes, min_nodes, max_nodes, prio, leaf_base, slots, alpha, state, track_max):
+def _add(nodes, max_nodes, prio, leaf_base, slots, alpha, state, track_max):
     n = slots.shape[0]
     if track_max:
         # In-buffer maximum over the transitions that stay: clear the overwritten slots first.
@@ -134,12 +159,11 @@ def _add(sum_nodes, min_nodes, max_nodes, prio, leaf_base, slots, alpha, state, 
     for b in range(n):
         s = slots[b]
         prio[s] = p
-        sum_nodes[leaf_base + s] = m
-        min_nodes[leaf_base + s] = m if m > 0.0 else np.inf
+        nodes[leaf_base + s, 0] = m
+        nodes[leaf_base + s, 1] = m if m > 0.0 else np.inf
         if track_max:
             max_nodes[leaf_base + s] = p
-    _propagate(sum_nodes, leaf_base, slots, n, 0)
-    _propagate(min_nodes, leaf_base, slots, n, 1)
+    _propagate_sum_min(nodes, leaf_base, slots, n)
     if track_max:
         _propagate(max_nodes, leaf_base, slots, n, 2)
 
@@ -191,14 +215,19 @@ class Proportional(Sampler):
                 "normalize": self.normalize, "max_priority": self.max_priority_mode}
 
     def _allocate(self, capacity):
-        self.sum_tree = SumTree(capacity)
-        self.min_tree = MinTree(capacity)
+        # The sum tree and the min tree are interleaved: row k of `_nodes` is [sum_k, min_k], so an
+        # update's min-tree path shares cache lines with the sum-tree path the sample just walked.
+        self._nodes = np.empty((2 * leaf_count(capacity), 2))
+        self._nodes[:, 0] = 0.0
+        self._nodes[:, 1] = np.inf
+        self.sum_tree = SumTree(capacity, nodes=self._nodes[:, 0])
+        self.min_tree = MinTree(capacity, nodes=self._nodes[:, 1])
         track = self.max_priority_mode == "buffer"
         # An unused max tree is a 2-element placeholder so the kernels keep one signature.
         self.max_tree = MaxTree(capacity if track else 1)
         self._track_max = track
         self._priority = np.zeros(capacity)
-        self._leaf_base = len(self.sum_tree.nodes) // 2
+        self._leaf_base = leaf_count(capacity)
 
     @property
     def max_priority(self) -> float:
@@ -218,21 +247,21 @@ class Proportional(Sampler):
         return self._priority[slots]
 
     def on_add(self, slots):
-        _add(self.sum_tree.nodes, self.min_tree.nodes, self.max_tree.nodes, self._priority,
+        _add(self._nodes, self.max_tree.nodes, self._priority,
              self._leaf_base, slots, self.alpha, self._state, self._track_max)
 
     def sample(self, batch_size, beta, size, next_id):
-        if not self.sum_tree.nodes[1] > 0.0:
+        if not self._nodes[1, 0] > 0.0:
             raise ValueError(
                 "sample: every stored transition has priority 0, so no probability can be formed "
                 "(use eps > 0, or set a positive priority)"
             )
         u = self._rng.random(batch_size)
-        return _sample(self.sum_tree.nodes, self.min_tree.nodes, self._leaf_base, u, self.stratified,
+        return _sample(self._nodes, self._leaf_base, u, self.stratified,
                        beta, self.normalize == "batch", self._importance_sampling, next_id, self.capacity)
 
     def update(self, ids, values, next_id, *, raw):
-        count = _update(self.sum_tree.nodes, self.min_tree.nodes, self.max_tree.nodes, self._priority,
+        count = _update(self._nodes, self.max_tree.nodes, self._priority,
                         self._leaf_base, ids, values, next_id, self.capacity, raw, self.eps,
                         self._min_priority, self.alpha, self._state, self._track_max)
         if count < 0:
@@ -240,21 +269,19 @@ class Proportional(Sampler):
         return count
 
     def probabilities(self, slots, size):
-        return self.sum_tree.nodes[self._leaf_base + slots] / self.sum_tree.nodes[1]
+        return self._nodes[self._leaf_base + slots, 0] / self._nodes[1, 0]
 
     def state_dict(self):
         meta, arrays = super().state_dict()
         meta["max_priority"] = float(self._state[0])
-        arrays.update(sum_nodes=self.sum_tree.nodes, min_nodes=self.min_tree.nodes,
-                      max_nodes=self.max_tree.nodes, priority=self._priority)
+        arrays.update(nodes=self._nodes, max_nodes=self.max_tree.nodes, priority=self._priority)
         return meta, arrays
 
     def load_state_dict(self, meta, arrays):
         super().load_state_dict(meta, arrays)
         self._state[0] = float(meta["max_priority"])
-        for key, tree in (("sum_nodes", self.sum_tree), ("min_nodes", self.min_tree),
-                          ("max_nodes", self.max_tree)):
-            if arrays[key].shape != tree.nodes.shape:
-                raise ValueError(f"{key}: saved shape {arrays[key].shape} != expected {tree.nodes.shape}")
-            tree.nodes[:] = arrays[key]
+        for key, target in (("nodes", self._nodes), ("max_nodes", self.max_tree.nodes)):
+            if arrays[key].shape != target.shape:
+                raise ValueError(f"{key}: saved shape {arrays[key].shape} != expected {target.shape}")
+            target[:] = arrays[key]
         self._priority[:] = arrays["priority"]

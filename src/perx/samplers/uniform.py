@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from perx.samplers.base import Sampler, ids_of_slots
+
+
+@njit(cache=True, nogil=True)
+def _finish(slots, size, next_id, capacity):
+    # One kernel call instead of three small numpy ones: ids, P(i) = 1/N, weights = 1.
+    n = slots.shape[0]
+    return slots, ids_of_slots(slots, next_id, capacity), np.full(n, 1.0 / size), np.ones(n)
 
 
 class Uniform(Sampler):
@@ -21,8 +29,7 @@ class Uniform(Sampler):
 
     def sample(self, batch_size, beta, size, next_id):
         slots = self._rng.integers(0, size, batch_size)
-        ids = ids_of_slots(slots, next_id, self.capacity)
-        return slots, ids, np.full(batch_size, 1.0 / size), np.ones(batch_size)
+        return _finish(slots, size, next_id, self.capacity)
 
     def probabilities(self, slots, size):
         return np.full(len(slots), 1.0 / size)
