@@ -12,7 +12,14 @@ SAMPLERS = {
     "proportional-independent": lambda: perx.Proportional(alpha=0.6, stratified=False),
     "proportional-batchnorm": lambda: perx.Proportional(alpha=0.7, normalize="batch"),
     "proportional-buffermax": lambda: perx.Proportional(alpha=0.5, max_priority="buffer"),
+    "rank": lambda: perx.RankBased(alpha=0.7),
+    "rank-sort-often": lambda: perx.RankBased(alpha=0.5, sort_every=7),
+    "rank-exact": lambda: perx.RankBased(alpha=0.7, exact=True),
+    "greedy": lambda: perx.Greedy(),
 }
+
+#: Samplers whose draw is deterministic (no probability distribution over the buffer).
+DETERMINISTIC = (perx.Greedy,)
 
 
 @pytest.fixture(params=sorted(SAMPLERS))

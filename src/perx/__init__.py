@@ -5,7 +5,7 @@ Core (numpy + numba only): storage, priority trees, samplers, the buffer, IS wei
 """
 
 from perx.buffer import Batch, ReplayBuffer
-from perx.samplers import Proportional, Sampler, Uniform
+from perx.samplers import Greedy, Proportional, RankBased, Sampler, Uniform
 from perx.schedules import LinearSchedule
 from perx.storage import FieldSpec, Storage
 from perx.trees import MaxTree, MinTree, SumTree
@@ -16,10 +16,12 @@ __version__ = "0.1.0"
 __all__ = [
     "Batch",
     "FieldSpec",
+    "Greedy",
     "LinearSchedule",
     "MaxTree",
     "MinTree",
     "Proportional",
+    "RankBased",
     "ReplayBuffer",
     "Sampler",
     "Storage",

@@ -133,7 +133,7 @@ class ReplayBuffer:
         """
         arrays, rows, new_spec = self._storage.prepare(transition, batched=False)
         ids, slots = self._storage.write(arrays, rows, new_spec, batched=False)
-        self.sampler.on_add(slots)
+        self.sampler.on_add(slots, ids)
         return ids
 
     def extend(self, **transitions: Any) -> np.ndarray:
@@ -151,7 +151,7 @@ class ReplayBuffer:
         if rows == 0:
             return np.empty(0, np.int64)
         ids, slots = self._storage.write(arrays, rows, new_spec, batched=True)
-        self.sampler.on_add(slots)
+        self.sampler.on_add(slots, ids[rows - len(slots):])
         return ids
 
     # -- sampling --------------------------------------------------------------------------------
@@ -218,9 +218,13 @@ class ReplayBuffer:
             values = as_value_array(values, name, length=n)
         return indices, values
 
-    def probabilities(self, indices=None) -> np.ndarray:
-        """Exact sampling probabilities P(i) (float64) of live ``indices``, or of every stored
-        transition in slot order when ``indices`` is None."""
+    def probabilities(self, indices=None, batch_size: int | None = None) -> np.ndarray:
+        """Exact per-draw sampling probabilities P(i) (float64) of live ``indices``, or of every
+        stored transition in slot order when ``indices`` is None.
+
+        ``batch_size``: for samplers whose distribution depends on it (``perx.RankBased``'s segments,
+        ``perx.Greedy``'s top-k), the probabilities of ``sample(batch_size)``; ignored by the others.
+        """
         size = len(self)
         if size == 0:
             raise ValueError("probabilities: the buffer is empty")
@@ -234,7 +238,9 @@ class ReplayBuffer:
                 raise ValueError(f"indices: {int(ids[bad][0])} is not a live id (live: "
                                  f"{max(0, nid - self.capacity)}..{nid - 1})")
             slots = ids % self.capacity
-        return self.sampler.probabilities(slots, size)
+        if batch_size is not None:
+            batch_size = check_batch_size(batch_size)
+        return self.sampler.probabilities(slots, size, batch_size)
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:

@@ -2,6 +2,7 @@
 
 from perx.samplers.base import Sampler
 from perx.samplers.proportional import Proportional
+from perx.samplers.rank import Greedy, RankBased
 from perx.samplers.uniform import Uniform
 
-__all__ = ["Proportional", "Sampler", "Uniform"]
+__all__ = ["Greedy", "Proportional", "RankBased", "Sampler", "Uniform"]

@@ -117,8 +117,8 @@ class Sampler:
         pass
 
     # -- the hot path --------------------------------------------------------------------------
-    def on_add(self, slots: np.ndarray) -> None:
-        """New transitions were written to ``slots`` (int64 [n], distinct)."""
+    def on_add(self, slots: np.ndarray, ids: np.ndarray) -> None:
+        """New transitions with insertion ``ids`` were written to ``slots`` (int64 [n], distinct)."""
 
     def sample(self, batch_size: int, beta: float, size: int, next_id: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -140,8 +140,12 @@ class Sampler:
             raise_bad_update(code, ids, values, next_id, raw)
         return code
 
-    def probabilities(self, slots: np.ndarray, size: int) -> np.ndarray:
-        """Exact P(i) of the transitions in ``slots`` (float64 [B])."""
+    def probabilities(self, slots: np.ndarray, size: int, batch_size: int | None = None) -> np.ndarray:
+        """Exact per-draw probability P(i) of the transitions in ``slots`` (float64 [B]).
+
+        ``batch_size`` matters only to samplers whose distribution depends on it (rank-based
+        segments, greedy top-k); the others ignore it.
+        """
         raise NotImplementedError
 
     # -- state -----------------------------------------------------------------------------------

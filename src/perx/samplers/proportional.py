@@ -246,7 +246,7 @@ class Proportional(Sampler):
         """Stored raw priorities at ``slots`` (float64 [B])."""
         return self._priority[slots]
 
-    def on_add(self, slots):
+    def on_add(self, slots, ids):
         _add(self._nodes, self.max_tree.nodes, self._priority,
              self._leaf_base, slots, self.alpha, self._state, self._track_max)
 
@@ -268,7 +268,7 @@ class Proportional(Sampler):
             raise_bad_update(count, ids, values, next_id, raw)
         return count
 
-    def probabilities(self, slots, size):
+    def probabilities(self, slots, size, batch_size=None):
         return self._nodes[self._leaf_base + slots, 0] / self._nodes[1, 0]
 
     def state_dict(self):

@@ -31,5 +31,5 @@ class Uniform(Sampler):
         slots = self._rng.integers(0, size, batch_size)
         return _finish(slots, size, next_id, self.capacity)
 
-    def probabilities(self, slots, size):
+    def probabilities(self, slots, size, batch_size=None):
         return np.full(len(slots), 1.0 / size)

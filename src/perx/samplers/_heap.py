@@ -1,0 +1,167 @@
+"""Array-based binary max-heap over (key, id) with a slot -> position map (000 Sec. 3.2, App. B.2.1).
+
+Order: entry a comes before entry b iff ``key_a > key_b``, or the keys are equal and ``id_a < id_b``
+(the older transition first). Keys are |delta| >= 0, or +inf for a transition not replayed yet, so
+every new transition ranks above every replayed one, oldest first.
+
+Arrays (all of length capacity): ``keys[h]`` and ``ids[h]`` for heap positions ``h < size``;
+``pos[slot]`` is the heap position of the transition stored in ``slot`` (-1 while the slot is empty).
+``size`` lives in ``state[0]`` and the number of updates since the last full sort in ``state[1]``.
+
+Invariant: ``before(parent(h), h)`` or the two are equal, for every ``0 < h < size``; and
+``pos[ids[h] % capacity] == h``. A heap array sorted in this order is a valid heap, which is what the
+periodic full sort of the rank-based sampler relies on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True, inline="always")
+def before(keys, ids, a, b):
+    ka = keys[a]
+    kb = keys[b]
+    return ka > kb or (ka == kb and ids[a] < ids[b])
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _swap(keys, ids, pos, a, b, capacity):
+    ka = keys[a]
+    keys[a] = keys[b]
+    keys[b] = ka
+    ia = ids[a]
+    ids[a] = ids[b]
+    ids[b] = ia
+    pos[ids[a] % capacity] = a
+    pos[ids[b] % capacity] = b
+
+
+@njit(cache=True, nogil=True)
+def sift(keys, ids, pos, h, size, capacity):
+    """Restore the heap order around position h (moves up or down); O(log size)."""
+    while h > 0:
+        parent = (h - 1) >> 1
+        if not before(keys, ids, h, parent):
+            break
+        _swap(keys, ids, pos, h, parent, capacity)
+        h = parent
+    while True:
+        child = 2 * h + 1
+        if child >= size:
+            break
+        if child + 1 < size and before(keys, ids, child + 1, child):
+            child += 1
+        if not before(keys, ids, child, h):
+            break
+        _swap(keys, ids, pos, h, child, capacity)
+        h = child
+    return h
+
+
+@njit(cache=True, nogil=True)
+def heap_add(keys, ids, pos, state, slots, new_ids, capacity):
+    """Insert new transitions at key +inf (or replace the overwritten transition of their slot)."""
+    size = state[0]
+    for b in range(slots.shape[0]):
+        s = slots[b]
+        h = pos[s]
+        if h < 0:
+            h = size
+            size += 1
+        keys[h] = np.inf
+        ids[h] = new_ids[b]
+        pos[s] = h
+        sift(keys, ids, pos, h, size, capacity)
+    state[0] = size
+
+
+@njit(cache=True, nogil=True)
+def heap_update(keys, ids, pos, state, update_ids, values, next_id, capacity, raw):
+    """Validate all, then set key |delta| (or the raw priority) for each live id; returns the count
+    applied, or -1 (bad value) / -2 (id never issued) with nothing changed."""
+    n = update_ids.shape[0]
+    for b in range(n):
+        v = values[b]
+        if not np.isfinite(v) or (raw and v < 0.0):
+            return -1
+    for b in range(n):
+        if update_ids[b] < 0 or update_ids[b] >= next_id:
+            return -2
+    oldest = next_id - capacity
+    size = state[0]
+    count = 0
+    for b in range(n):
+        i = update_ids[b]
+        if i < oldest:
+            continue
+        h = pos[i % capacity]
+        keys[h] = values[b] if raw else abs(values[b])
+        sift(keys, ids, pos, h, size, capacity)
+        count += 1
+    state[1] += count
+    return count
+
+
+@njit(cache=True, nogil=True)
+def top_k(keys, ids, size, k):
+    """Heap positions of the k first entries in heap order, best first; O(k log k).
+
+    Walks the heap from the root with a small candidate heap: the next best entry is always a child
+    of an entry already taken.
+    """
+    out = np.empty(k, np.int64)
+    cand = np.empty(2 * k + 2, np.int64)
+    ncand = 1
+    cand[0] = 0
+    for t in range(k):
+        best = cand[0]
+        out[t] = best
+        ncand -= 1
+        cand[0] = cand[ncand]
+        # sift the candidate heap down
+        c = 0
+        while True:
+            child = 2 * c + 1
+            if child >= ncand:
+                break
+            if child + 1 < ncand and before(keys, ids, cand[child + 1], cand[child]):
+                child += 1
+            if not before(keys, ids, cand[child], cand[c]):
+                break
+            tmp = cand[c]
+            cand[c] = cand[child]
+            cand[child] = tmp
+            c = child
+        for kid in (2 * best + 1, 2 * best + 2):
+            if kid < size:
+                c = ncand
+                cand[c] = kid
+                ncand += 1
+                while c > 0:
+                    parent = (c - 1) >> 1
+                    if not before(keys, ids, cand[c], cand[parent]):
+                        break
+                    tmp = cand[c]
+                    cand[c] = cand[parent]
+                    cand[parent] = tmp
+                    c = parent
+    return out
+
+
+def full_sort(keys: np.ndarray, ids: np.ndarray, pos: np.ndarray, size: int, capacity: int) -> None:
+    """Sort the heap array in heap order (a sorted array is a valid heap); O(size log size)."""
+    order = np.lexsort((ids[:size], -keys[:size]))
+    keys[:size] = keys[:size][order]
+    ids[:size] = ids[:size][order]
+    pos[ids[:size] % capacity] = np.arange(size)
+
+
+def is_heap(keys: np.ndarray, ids: np.ndarray, pos: np.ndarray, size: int, capacity: int) -> bool:
+    """Check the invariant (for tests); O(size)."""
+    h = np.arange(1, size)
+    parent = (h - 1) // 2
+    kp, kh = keys[parent], keys[h]
+    ordered = (kp > kh) | ((kp == kh) & (ids[parent] <= ids[h]))
+    return bool(ordered.all() and (pos[ids[:size] % capacity] == np.arange(size)).all())

@@ -1,0 +1,240 @@
+"""Rank-based PER and greedy prioritization (000 Sec. 3.2, 3.3, App. B.2.1)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+import perx
+from perx.samplers import _heap
+from perx.samplers.rank import power_law, rank_segments, segment_probabilities
+from tests.conftest import transitions
+
+P_MIN = 1e-3  # chi-square p-value threshold (a correct sampler fails ~1 seed in 1000; seeds fixed)
+
+
+def true_order(keys, ids):
+    """Slots in exact rank order: key descending, then id ascending."""
+    return np.lexsort((ids, -keys))
+
+
+def rank_buffer(n, *, alpha=0.7, exact=False, sort_every=None, seed=0):
+    buf = perx.ReplayBuffer(n, perx.RankBased(alpha=alpha, exact=exact, sort_every=sort_every), seed=seed)
+    buf.extend(**transitions(n))
+    td = np.random.default_rng(seed + 1).standard_cauchy(n)  # heavy-tailed |delta|
+    buf.update_priorities(np.arange(n), td)
+    return buf, np.abs(td)
+
+
+@pytest.mark.parametrize(("n", "k", "alpha"), [(1000, 32, 0.7), (10_000, 32, 0.5), (100_000, 256, 0.7),
+                                               (5000, 64, 1.0), (40, 32, 0.7)])
+def test_segments_carry_equal_mass_within_the_rounding_of_a_discrete_distribution(n, k, alpha):
+    lo, hi = rank_segments(n, k, alpha)
+    assert lo[0] == 0 and hi[-1] == n and (hi > lo).all()
+    assert (np.diff(lo) >= 0).all() and (np.diff(hi) >= 0).all() and (lo[1:] <= hi[:-1]).all()
+    pmf = power_law(n, alpha)
+    cum = np.concatenate(([0.0], np.cumsum(pmf)))
+    mass = cum[hi] - cum[lo]
+    # Segment j covers its quantile slice of mass exactly 1/k, plus at most the parts of its two
+    # straddling ranks that fall outside the slice.
+    assert (mass >= 1 / k - 1e-12).all()
+    assert (mass <= 1 / k + pmf[lo] + pmf[hi - 1] + 1e-12).all()
+
+
+def test_a_rank_heavier_than_a_segment_spans_several_segments():
+    n, k = 5000, 64
+    pmf = power_law(n, 1.0)  # rank 1 alone has 0.11 > 1/64: about 7 segments' worth
+    lo, hi = rank_segments(n, k, 1.0)
+    holding_rank_1 = int(((lo <= 0) & (hi > 0)).sum())
+    assert holding_rank_1 == int(np.ceil(pmf[0] * k))
+    p = segment_probabilities(lo, hi, np.arange(n))
+    assert abs(p.sum() - 1) < 1e-12
+    assert abs(p[0] - pmf[0]) < 1 / k  # the head keeps its weight, up to one segment
+
+
+def test_segment_probabilities_sum_to_one_and_approximate_the_power_law():
+    n, k = 10_000, 32
+    buf, _ = rank_buffer(n, exact=True)
+    p_seg = buf.probabilities(batch_size=k)
+    assert abs(p_seg.sum() - 1) < 1e-12
+    ranks = buf.sampler.ranks(np.arange(n))
+    tv = 0.5 * np.abs(p_seg - power_law(n, 0.7)[ranks]).sum()
+    # The price of the paper's piecewise-linear CDF with 32 segments at N = 1e4 (docs/rank_based.md).
+    assert tv < 0.04  # measured 0.0367
+
+
+def test_exact_mode_ranks_are_the_true_sorted_order():
+    buf, keys = rank_buffer(500, exact=True)
+    order = true_order(keys, np.arange(500))
+    np.testing.assert_array_equal(buf.sampler.ranks(order), np.arange(500))
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_sampled_rank_positions_match_the_reported_probabilities(exact):
+    """Chi-square of counts per rank position against the per-draw probabilities (1/(k L_j))."""
+    n, k, batches = 300, 16, 4000
+    buf, _ = rank_buffer(n, exact=exact, alpha=0.7, seed=3)
+    counts = np.zeros(n)
+    for _ in range(batches):
+        b = buf.sample(k, beta=0.5)
+        np.add.at(counts, buf.sampler.ranks(b.indices % n), 1)
+    slots_by_rank = np.argsort(buf.sampler.ranks(np.arange(n)))
+    expected = buf.probabilities(slots_by_rank, batch_size=k) * k * batches
+    stat = ((counts - expected) ** 2 / expected).sum()
+    assert stats.chi2.sf(stat, df=n - 1) > P_MIN
+    # Power: the same counts reject the segment probabilities of a wrong alpha (0.6 instead of 0.7).
+    wrong = segment_probabilities(*rank_segments(n, k, 0.6), np.arange(n)) * k * batches
+    assert stats.chi2.sf(((counts - wrong) ** 2 / wrong).sum(), df=n - 1) < 1e-12
+
+
+def test_draw_j_lies_in_segment_j():
+    n, k = 1000, 32
+    buf, _ = rank_buffer(n, exact=True)
+    lo, hi = rank_segments(n, k, 0.7)
+    for _ in range(20):
+        ranks = buf.sampler.ranks(buf.sample(k).indices % n)
+        assert ((lo <= ranks) & (ranks < hi)).all()
+
+
+@pytest.mark.parametrize("exact", [True, False])
+@pytest.mark.parametrize("beta", [0.5, 1.0])
+def test_is_weights_match_closed_form_with_max_at_lowest_probability_rank(exact, beta):
+    n, k = 2000, 32
+    buf, _ = rank_buffer(n, exact=exact)
+    batch = buf.sample(k, beta=beta)
+    all_p = buf.probabilities(batch_size=k)
+    closed = (n * batch.probabilities) ** -beta / ((n * all_p) ** -beta).max()
+    np.testing.assert_allclose(batch.weights, closed, rtol=1e-12)
+    # the lowest-probability ranks are the last segment's: their weight is the maximum, 1
+    assert batch.weights[np.argmin(batch.probabilities)] == 1.0
+    lowest = np.argsort(buf.sampler.ranks(batch.indices % n))[-1]
+    assert batch.weights[lowest] == 1.0
+
+
+def test_fewer_transitions_than_segments_use_the_exact_power_law():
+    buf, _ = rank_buffer(10, exact=True)
+    batch = buf.sample(32, beta=1.0)
+    ranks = buf.sampler.ranks(batch.indices % 10)
+    np.testing.assert_allclose(batch.probabilities, power_law(10, 0.7)[ranks], rtol=1e-15)
+    np.testing.assert_allclose(batch.weights, (power_law(10, 0.7)[ranks] / power_law(10, 0.7)[-1]) ** -1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(1, 40),
+    ops=st.lists(st.one_of(st.tuples(st.just("add"), st.integers(1, 12)),
+                           st.tuples(st.just("upd"), st.lists(st.floats(0, 8, allow_nan=False), min_size=1,
+                                                               max_size=12))), min_size=1, max_size=25),
+)
+def test_heap_invariant_holds_after_random_adds_and_updates(capacity, ops):
+    buf = perx.ReplayBuffer(capacity, perx.RankBased(sort_every=10**9), seed=0)
+    rng = np.random.default_rng(0)
+    for op, arg in ops:
+        if op == "add":
+            buf.extend(**transitions(arg, start=buf.next_index))
+        elif len(buf):
+            live = np.arange(buf.next_index - len(buf), buf.next_index)
+            ids = rng.choice(live, len(arg))
+            buf.update_priorities(ids, np.round(arg, 1))  # rounding makes ties common
+        s = buf.sampler
+        assert _heap.is_heap(s._keys, s._ids, s._pos, int(s._state[0]), capacity)
+        assert int(s._state[0]) == len(buf)
+
+
+def test_full_sort_every_sort_every_updates_makes_positions_exact():
+    buf, _ = rank_buffer(400, sort_every=10**9)
+    rng = np.random.default_rng(2)
+    buf.update_priorities(rng.integers(0, 400, 300), rng.exponential(1, 300))
+    keys = buf.sampler.keys(np.arange(400))
+    exact_ranks = np.empty(400, np.int64)
+    exact_ranks[true_order(keys, np.arange(400))] = np.arange(400)
+    assert not np.array_equal(buf.sampler.ranks(np.arange(400)), exact_ranks)  # a heap, not sorted
+    buf.sampler.sort()
+    np.testing.assert_array_equal(buf.sampler.ranks(np.arange(400)), exact_ranks)
+
+
+def test_sort_is_triggered_after_sort_every_priority_updates():
+    buf, _ = rank_buffer(100, sort_every=50)  # the fill's 100 updates already triggered one sort
+    s = buf.sampler
+    assert s._state[1] == 0
+    buf.update_priorities(np.arange(30), np.arange(30.0))
+    assert s._state[1] == 30
+    buf.update_priorities(np.arange(30), np.arange(30.0))
+    assert s._state[1] == 0  # 60 >= 50: sorted and reset
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_new_transitions_enter_at_the_top_ranks_oldest_first(exact):
+    buf, _ = rank_buffer(50, exact=exact)
+    ids = buf.extend(**transitions(3, start=50))  # overwrite slots 0, 1, 2
+    assert buf.sampler.ranks(ids % 50).tolist() == [0, 1, 2]
+    buf.update_priorities(ids[:1], [0.0])
+    assert buf.sampler.keys(ids % 50).tolist() == [0.0, np.inf, np.inf]
+    ranks = buf.sampler.ranks(ids[1:] % 50)
+    if exact:
+        assert ranks.tolist() == [0, 1]
+    else:  # a heap is only approximately sorted: the oldest unreplayed transition is its root
+        assert ranks[0] == 0 and ranks[1] <= 2
+
+
+def test_segments_are_cached_and_reused_for_close_sizes():
+    s = perx.RankBased()
+    perx.ReplayBuffer(100_000, s)
+    lo, hi, _, _ = s.segments(10_000, 32)
+    assert s.segments(10_000, 32)[0] is lo
+    lo2, hi2, _, _ = s.segments(10_050, 32)  # within 1%: reused, last segment stretched
+    assert lo2 is lo
+    np.testing.assert_array_equal(hi2[:-1], hi[:-1])
+    assert hi2[-1] == 10_050
+    lo3, hi3, _, _ = s.segments(10_200, 32)  # beyond 1%: recomputed
+    np.testing.assert_array_equal(lo3, rank_segments(10_200, 32, 0.7)[0])
+    np.testing.assert_array_equal(hi3, rank_segments(10_200, 32, 0.7)[1])
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [({"alpha": -1}, "alpha"), ({"sort_every": 0}, "sort_every"),
+                                               ({"sort_every": 2.5}, "sort_every"),
+                                               ({"normalize": "x"}, "normalize")])
+def test_rank_based_refuses_bad_arguments(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        perx.RankBased(**kwargs)
+
+
+# -- greedy ------------------------------------------------------------------------------------------
+
+def test_greedy_returns_the_true_top_k_with_deterministic_ties():
+    n = 200
+    buf = perx.ReplayBuffer(n, perx.Greedy())
+    buf.extend(**transitions(n))
+    rng = np.random.default_rng(4)
+    td = np.round(rng.exponential(1.0, n), 1)  # many ties
+    buf.update_priorities(np.arange(n), -td)
+    for k in (1, 5, 37, 200):
+        expected = true_order(td, np.arange(n))[:k]
+        np.testing.assert_array_equal(buf.sample(k).indices, expected)
+
+
+def test_greedy_replays_every_new_transition_before_any_twice():
+    buf = perx.ReplayBuffer(10, perx.Greedy())
+    buf.extend(**transitions(10))
+    seen = []
+    for _ in range(10):
+        b = buf.sample(1)
+        seen.append(int(b.indices[0]))
+        buf.update_priorities(b.indices, [100.0])  # even a huge error does not beat an unseen one
+    assert seen == list(range(10))
+
+
+def test_greedy_weights_and_probabilities_are_one():
+    buf = perx.ReplayBuffer(10, perx.Greedy())
+    buf.extend(**transitions(10))
+    b = buf.sample(4, beta=1.0)
+    assert b.weights.tolist() == [1.0] * 4 and b.probabilities.tolist() == [1.0] * 4
+    assert buf.probabilities(batch_size=4).sum() == 4
+
+
+def test_greedy_refuses_a_batch_larger_than_the_buffer():
+    buf = perx.ReplayBuffer(10, perx.Greedy())
+    buf.extend(**transitions(3))
+    with pytest.raises(ValueError, match="batch_size"):
+        buf.sample(4)
