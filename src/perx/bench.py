@@ -52,6 +52,7 @@ class Impl:
     add: Callable[[], None]
     extend: Callable[[], None]
     note: str = ""
+    sort: Callable[[], None] | None = None  # RankBased heap mode: one full re-sort
 
 
 def _floor(data, n, rng):
@@ -95,7 +96,16 @@ def _perx(sampler, label, data, n, rng):
         it[0] = (it[0] + 1) % UPDATE_POOL
         buf.update_priorities(batch.indices, pool[it[0], :b])
 
-    return Impl(label, iteration, lambda: buf.add(**one), lambda: buf.extend(**rows))
+    sort = None
+    if isinstance(sampler, (perx.RankBased, perx.Greedy)):
+        # Give every transition a replayed priority (a fill of N updates also triggers RankBased's
+        # first full sort), then disorder the heap with N/2 more, so sampling and the timed sort act
+        # on a heap in a realistic state rather than on N ties at +inf.
+        buf.update_priorities(np.arange(n), rng.random(n))
+        buf.update_priorities(rng.integers(0, n, n // 2), rng.random(n // 2))
+        if isinstance(sampler, perx.RankBased) and not sampler.exact:
+            sort = sampler.sort
+    return Impl(label, iteration, lambda: buf.add(**one), lambda: buf.extend(**rows), sort=sort)
 
 
 def _cpprb(data, n, rng):
@@ -190,6 +200,10 @@ def _build(data, n, rng, peers, skipped) -> list[Impl]:
         ("floor", lambda: _floor(data, n, rng)),
         ("perx.Uniform", lambda: _perx(perx.Uniform(), "perx.Uniform", data, n, rng)),
         ("perx.Proportional", lambda: _perx(perx.Proportional(alpha=0.6), "perx.Proportional", data, n, rng)),
+        ("perx.RankBased", lambda: _perx(perx.RankBased(alpha=0.7), "perx.RankBased", data, n, rng)),
+        ("perx.RankBased exact", lambda: _perx(perx.RankBased(alpha=0.7, exact=True), "perx.RankBased exact",
+                                               data, n, rng)),
+        ("perx.Greedy", lambda: _perx(perx.Greedy(), "perx.Greedy", data, n, rng)),
     ]
     if peers:
         builders += [("cpprb", lambda: _cpprb(data, n, rng)), ("tianshou", lambda: _tianshou(data, n, rng))]
@@ -238,6 +252,13 @@ def run(sizes=(100_000, 1_000_000), batch_sizes=(32, 256), blocks=15, calls=200,
             finally:
                 gc.enable()
             row = {"op": op_name, "N": n, "cells": {name: c.median for name, c in cells.items()}}
+            rows.append(row)
+            log(format_row(row, impl_names))
+        sorters = [impl for impl in impls if impl.sort is not None]
+        if sorters:
+            # one call each, on a heap the fill shuffled (a second call would find it sorted already)
+            times = {impl.name: _time_block(impl.sort, 1) for impl in sorters}
+            row = {"op": "full sort (once per sort_every updates)", "N": n, "cells": times}
             rows.append(row)
             log(format_row(row, impl_names))
         del impls
@@ -291,7 +312,11 @@ def format_table(result: dict, command: str) -> str:
         lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items())]
     lines += ["", "Notes: tianshou has no batch add for a single buffer, so its extend is 256 single adds; "
               "its fill (not timed) writes its arrays directly. cpprb and tianshou sample independently; "
-              "perx.Proportional samples stratified (its default)."]
+              "perx.Proportional samples stratified (its default). perx.RankBased (heap mode) re-sorts its "
+              "heap every `sort_every` priority updates (default: capacity); block medians leave that rare "
+              "sort out, so its cost is the separate 'full sort' row: amortized, add "
+              "sort time x B / sort_every to each iteration. perx.RankBased exact keeps a "
+              "sortedcontainers.SortedList (Python-level). perx.Greedy returns the top B (no randomness)."]
     return "\n".join(lines) + "\n"
 
 
@@ -309,7 +334,8 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
     blocks = args.blocks or (7 if args.quick else 21)
     calls = args.calls or (100 if args.quick else 300)
     command = " ".join([prog, *argv])
-    names = ["floor", "perx.Uniform", "perx.Proportional"] + ([] if args.no_peers else ["cpprb", "tianshou"])
+    names = ["floor", "perx.Uniform", "perx.Proportional", "perx.RankBased", "perx.RankBased exact",
+             "perx.Greedy"] + ([] if args.no_peers else ["cpprb", "tianshou"])
     print("| operation | N | " + " | ".join(names) + " |", flush=True)
     result = run(tuple(args.sizes), tuple(args.batch_sizes), blocks=blocks, calls=calls,
                  peers=not args.no_peers, log=lambda line: print(line, flush=True))

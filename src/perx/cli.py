@@ -8,6 +8,7 @@ USAGE = """usage: perx <command> [options]
 
 commands:
   bench    time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)
+  rank-tv  total-variation distance of heap-mode rank-based sampling from the power law
 
 Run `perx <command> --help` for a command's options."""
 
@@ -22,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         from perx.bench import main as bench_main
 
         return bench_main(rest, prog="perx bench")
+    if command == "rank-tv":
+        from perx.experiments.rank_tv import main as rank_tv_main
+
+        return rank_tv_main(rest, prog="perx rank-tv")
     print(f"perx: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

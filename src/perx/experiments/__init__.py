@@ -1,0 +1,1 @@
+"""Studies behind the `perx` subcommands; each writes CSV, PNG and meta.json under results/."""
