@@ -16,6 +16,8 @@ SAMPLERS = {
     "rank-sort-often": lambda: perx.RankBased(alpha=0.5, sort_every=7),
     "rank-exact": lambda: perx.RankBased(alpha=0.7, exact=True),
     "greedy": lambda: perx.Greedy(),
+    "lap": lambda: perx.LAP(alpha=0.4, kappa=1.0),
+    "lap-small-kappa": lambda: perx.LAP(alpha=0.6, kappa=0.01),
 }
 
 #: Samplers whose draw is deterministic (no probability distribution over the buffer).

@@ -4,8 +4,9 @@ Core (numpy + numba only): storage, priority trees, samplers, the buffer, IS wei
 ``import perx`` never imports torch, gymnasium or matplotlib.
 """
 
+from perx import losses
 from perx.buffer import Batch, ReplayBuffer
-from perx.samplers import Greedy, Proportional, RankBased, Sampler, Uniform
+from perx.samplers import LAP, Greedy, Proportional, RankBased, Sampler, Uniform
 from perx.schedules import LinearSchedule
 from perx.storage import FieldSpec, Storage
 from perx.trees import MaxTree, MinTree, SumTree
@@ -14,6 +15,7 @@ from perx.weights import importance_weights
 __version__ = "0.1.0"
 
 __all__ = [
+    "LAP",
     "Batch",
     "FieldSpec",
     "Greedy",
@@ -29,4 +31,5 @@ __all__ = [
     "Uniform",
     "__version__",
     "importance_weights",
+    "losses",
 ]

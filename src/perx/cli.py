@@ -9,6 +9,7 @@ USAGE = """usage: perx <command> [options]
 commands:
   bench    time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)
   rank-tv  total-variation distance of heap-mode rank-based sampling from the power law
+  theory   check the loss/sampling equivalence (Fujimoto et al. 2020) exactly; plot the losses
 
 Run `perx <command> --help` for a command's options."""
 
@@ -27,6 +28,10 @@ def main(argv: list[str] | None = None) -> int:
         from perx.experiments.rank_tv import main as rank_tv_main
 
         return rank_tv_main(rest, prog="perx rank-tv")
+    if command == "theory":
+        from perx.experiments.theory import main as theory_main
+
+        return theory_main(rest, prog="perx theory")
     print(f"perx: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

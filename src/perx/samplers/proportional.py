@@ -1,4 +1,5 @@
-"""Proportional prioritized replay (Schaul et al. 2016, Sec. 3.3-3.4, Alg. 1, App. B.2.1).
+"""Proportional prioritized replay (Schaul et al. 2016, Sec. 3.3-3.4, Alg. 1, App. B.2.1), and LAP
+(Fujimoto et al. 2020, eq. 9 and 30) as the same sampler with another priority function and no IS.
 
 Priority domains, kept apart by name:
   * priority ``p_i = max(|delta_i| + eps, min_priority)`` (raw; ``min_priority`` is 0 for PER);
@@ -186,6 +187,10 @@ class Proportional(Sampler):
             LAP/PAL reference code; it never decreases. ``"buffer"``: the largest priority among the
             transitions currently stored (a literal reading of Alg. 1 line 6), kept in a max tree
             at the cost of a third tree update per write; 1 when the buffer is empty.
+        min_priority: floor of the priority, p = max(|delta| + eps, min_priority): LAP's kappa
+            (004 eq. 9 and 30); 0 for PER.
+        importance_sampling: return IS weights (PER); ``False`` returns weights of 1 whatever beta
+            is passed (LAP).
         seed: seed of the sampler's own ``np.random.Generator`` (the buffer's ``seed`` overrides it).
 
     With ``stratified=True`` the returned ``probabilities`` are still eq. (1)'s P(i): the expected
@@ -194,15 +199,17 @@ class Proportional(Sampler):
     """
 
     name = "Proportional"
-    _min_priority = 0.0  # LAP's floor kappa (004 eq. 9); 0 for PER.
-    _importance_sampling = True
 
     def __init__(self, alpha: float = 0.6, eps: float = 1e-6, *, stratified: bool = True,
-                 normalize: str = "buffer", max_priority: str = "historical", seed: int | None = None
-                 ) -> None:
+                 normalize: str = "buffer", max_priority: str = "historical", min_priority: float = 0.0,
+                 importance_sampling: bool = True, seed: int | None = None) -> None:
         super().__init__(seed=seed)
         self.alpha = check_real(alpha, "alpha", low=0.0)
         self.eps = check_real(eps, "eps", low=0.0)
+        self.min_priority = check_real(min_priority, "min_priority", low=0.0)
+        if not isinstance(importance_sampling, bool):
+            raise TypeError(f"importance_sampling: expected a bool, got {importance_sampling!r}")
+        self.importance_sampling = importance_sampling
         if not isinstance(stratified, bool):
             raise TypeError(f"stratified: expected a bool, got {stratified!r}")
         self.stratified = stratified
@@ -212,7 +219,8 @@ class Proportional(Sampler):
 
     def config(self):
         return {"alpha": self.alpha, "eps": self.eps, "stratified": self.stratified,
-                "normalize": self.normalize, "max_priority": self.max_priority_mode}
+                "normalize": self.normalize, "max_priority": self.max_priority_mode,
+                "min_priority": self.min_priority, "importance_sampling": self.importance_sampling}
 
     def _allocate(self, capacity):
         # The sum tree and the min tree are interleaved: row k of `_nodes` is [sum_k, min_k], so an
@@ -240,7 +248,7 @@ class Proportional(Sampler):
     def priority(self, td_errors) -> np.ndarray:
         """The priority function, p = max(|delta| + eps, min_priority); float64, shape of the input."""
         p = np.abs(np.asarray(td_errors, dtype=np.float64)) + self.eps
-        return np.maximum(p, self._min_priority)
+        return np.maximum(p, self.min_priority)
 
     def priorities(self, slots: np.ndarray) -> np.ndarray:
         """Stored raw priorities at ``slots`` (float64 [B])."""
@@ -258,12 +266,12 @@ class Proportional(Sampler):
             )
         u = self._rng.random(batch_size)
         return _sample(self._nodes, self._leaf_base, u, self.stratified,
-                       beta, self.normalize == "batch", self._importance_sampling, next_id, self.capacity)
+                       beta, self.normalize == "batch", self.importance_sampling, next_id, self.capacity)
 
     def update(self, ids, values, next_id, *, raw):
         count = _update(self._nodes, self.max_tree.nodes, self._priority,
                         self._leaf_base, ids, values, next_id, self.capacity, raw, self.eps,
-                        self._min_priority, self.alpha, self._state, self._track_max)
+                        self.min_priority, self.alpha, self._state, self._track_max)
         if count < 0:
             raise_bad_update(count, ids, values, next_id, raw)
         return count
@@ -285,3 +293,18 @@ class Proportional(Sampler):
                 raise ValueError(f"{key}: saved shape {arrays[key].shape} != expected {target.shape}")
             target[:] = arrays[key]
         self._priority[:] = arrays["priority"]
+
+
+def LAP(alpha: float = 0.4, kappa: float = 1.0, *, stratified: bool = True, max_priority: str = "historical",
+        seed: int | None = None) -> Proportional:
+    """Loss-Adjusted Prioritized replay (004 Sec. 5.2, eq. 9; generalised to kappa in eq. 30).
+
+    LAP is proportional sampling with priority max(|delta|, kappa)^alpha = max(|delta|^alpha,
+    kappa^alpha) and no importance sampling, so it is returned as exactly that configuration of
+    :class:`Proportional`: ``eps = 0``, ``min_priority = kappa``, ``importance_sampling = False``. Use it
+    with the Huber loss of threshold kappa (``perx.losses.huber``, ``perx.torch.huber``). New
+    transitions get the largest priority seen so far, as in the paper's Appendix D.
+    """
+    kappa = check_real(kappa, "kappa", low=0.0, low_open=True)
+    return Proportional(alpha, 0.0, stratified=stratified, max_priority=max_priority, min_priority=kappa,
+                        importance_sampling=False, seed=seed)
