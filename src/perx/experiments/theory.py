@@ -26,6 +26,7 @@ from perx import losses, theory
 def check_autograd(delta: np.ndarray | None = None):
     """Largest |autograd gradient - analytic gradient| over every torch loss, in float64."""
     import torch
+
     from perx import torch as pt
 
     d_np = theory.td_errors() if delta is None else delta

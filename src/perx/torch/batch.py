@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-
 import torch
+
 from perx.buffer import Batch
 
 
