@@ -84,7 +84,8 @@ class Sampler:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        Sampler.registry[cls.name] = cls
+        if "name" in cls.__dict__:  # concrete samplers name themselves; shared bases do not
+            Sampler.registry[cls.name] = cls
 
     def __init__(self, *, seed: int | None = None) -> None:
         self._rng = np.random.default_rng(seed)

@@ -121,7 +121,30 @@ def _smallest_probability(lo: np.ndarray, hi: np.ndarray, cum_inv: np.ndarray) -
     return float(segment_probabilities(lo, hi, starts, cum_inv).min())
 
 
-class RankBased(Sampler):
+class _HeapSampler(Sampler):
+    """Shared state of the heap-based samplers: the heap arrays of :mod:`perx.samplers._heap`."""
+
+    def _allocate(self, capacity):
+        self._keys = np.zeros(capacity)
+        self._ids = np.zeros(capacity, np.int64)
+        self._pos = np.full(capacity, -1, np.int64)
+        self._state = np.zeros(2, np.int64)  # [size, priority updates since the last full sort]
+
+    def state_dict(self):
+        meta, arrays = super().state_dict()
+        arrays.update(keys=self._keys, ids=self._ids, pos=self._pos, state=self._state)
+        return meta, arrays
+
+    def load_state_dict(self, meta, arrays):
+        super().load_state_dict(meta, arrays)
+        for name in ("keys", "ids", "pos", "state"):
+            target = getattr(self, f"_{name}")
+            if arrays[name].shape != target.shape:
+                raise ValueError(f"{name}: saved shape {arrays[name].shape} != expected {target.shape}")
+            target[:] = arrays[name]
+
+
+class RankBased(_HeapSampler):
     """Rank-based prioritization: P(i) proportional to rank(i)^-alpha, rank by |delta| (000 Sec. 3.3).
 
     Args:
@@ -164,10 +187,7 @@ class RankBased(Sampler):
                 "normalize": self.normalize}
 
     def _allocate(self, capacity):
-        self._keys = np.zeros(capacity)
-        self._ids = np.zeros(capacity, np.int64)
-        self._pos = np.full(capacity, -1, np.int64)
-        self._state = np.zeros(2, np.int64)  # [size, updates since the last full sort]
+        super()._allocate(capacity)
         if self.exact:
             from sortedcontainers import SortedList
 
@@ -299,18 +319,8 @@ class RankBased(Sampler):
         return self._keys[slots]
 
     # -- state -----------------------------------------------------------------------------------
-    def state_dict(self):
-        meta, arrays = super().state_dict()
-        arrays.update(keys=self._keys, ids=self._ids, pos=self._pos, state=self._state)
-        return meta, arrays
-
     def load_state_dict(self, meta, arrays):
         super().load_state_dict(meta, arrays)
-        for name in ("keys", "ids", "pos", "state"):
-            target = getattr(self, f"_{name}")
-            if arrays[name].shape != target.shape:
-                raise ValueError(f"{name}: saved shape {arrays[name].shape} != expected {target.shape}")
-            target[:] = arrays[name]
         if self.exact:
             self._sorted.clear()
             occupied = np.flatnonzero(self._pos >= 0)
@@ -318,7 +328,7 @@ class RankBased(Sampler):
                                     strict=True))
 
 
-class Greedy(Sampler):
+class Greedy(_HeapSampler):
     """Greedy TD-error prioritization (000 Sec. 3.2): ``sample(k)`` returns the k transitions with the
     largest stored |delta|, ties broken by insertion order (older first); weights 1.
 
@@ -328,12 +338,6 @@ class Greedy(Sampler):
     """
 
     name = "Greedy"
-
-    def _allocate(self, capacity):
-        self._keys = np.zeros(capacity)
-        self._ids = np.zeros(capacity, np.int64)
-        self._pos = np.full(capacity, -1, np.int64)
-        self._state = np.zeros(2, np.int64)
 
     def on_add(self, slots, ids):
         _heap.heap_add(self._keys, self._ids, self._pos, self._state, slots, ids, self.capacity)
@@ -360,16 +364,3 @@ class Greedy(Sampler):
 
     def keys(self, slots: np.ndarray) -> np.ndarray:
         return self._keys[self._pos[slots]]
-
-    def state_dict(self):
-        meta, arrays = super().state_dict()
-        arrays.update(keys=self._keys, ids=self._ids, pos=self._pos, state=self._state)
-        return meta, arrays
-
-    def load_state_dict(self, meta, arrays):
-        super().load_state_dict(meta, arrays)
-        for name in ("keys", "ids", "pos", "state"):
-            target = getattr(self, f"_{name}")
-            if arrays[name].shape != target.shape:
-                raise ValueError(f"{name}: saved shape {arrays[name].shape} != expected {target.shape}")
-            target[:] = arrays[name]
