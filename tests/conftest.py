@@ -15,6 +15,7 @@ SAMPLERS = {
     "rank": lambda: perx.RankBased(alpha=0.7),
     "rank-sort-often": lambda: perx.RankBased(alpha=0.5, sort_every=7),
     "rank-exact": lambda: perx.RankBased(alpha=0.7, exact=True),
+    "rank-fixed-segments": lambda: perx.RankBased(alpha=0.7, segments=8),
     "greedy": lambda: perx.Greedy(),
     "lap": lambda: perx.LAP(alpha=0.4, kappa=1.0),
     "lap-small-kappa": lambda: perx.LAP(alpha=0.6, kappa=0.01),

@@ -181,13 +181,13 @@ def test_new_transitions_enter_at_the_top_ranks_oldest_first(exact):
 def test_segments_are_cached_and_reused_for_close_sizes():
     s = perx.RankBased()
     perx.ReplayBuffer(100_000, s)
-    lo, hi, _, _ = s.segments(10_000, 32)
-    assert s.segments(10_000, 32)[0] is lo
-    lo2, hi2, _, _ = s.segments(10_050, 32)  # within 1%: reused, last segment stretched
+    lo, hi, _, _ = s.boundaries(10_000, 32)
+    assert s.boundaries(10_000, 32)[0] is lo
+    lo2, hi2, _, _ = s.boundaries(10_050, 32)  # within 1%: reused, last segment stretched
     assert lo2 is lo
     np.testing.assert_array_equal(hi2[:-1], hi[:-1])
     assert hi2[-1] == 10_050
-    lo3, hi3, _, _ = s.segments(10_200, 32)  # beyond 1%: recomputed
+    lo3, hi3, _, _ = s.boundaries(10_200, 32)  # beyond 1%: recomputed
     np.testing.assert_array_equal(lo3, rank_segments(10_200, 32, 0.7)[0])
     np.testing.assert_array_equal(hi3, rank_segments(10_200, 32, 0.7)[1])
 
@@ -238,3 +238,18 @@ def test_greedy_refuses_a_batch_larger_than_the_buffer():
     buf.extend(**transitions(3))
     with pytest.raises(ValueError, match="batch_size"):
         buf.sample(4)
+
+
+def test_fixed_segments_with_single_draws_follow_the_segment_probabilities():
+    """segments=k, batch 1: a segment is picked at random, then a position uniformly inside it."""
+    n, k, draws = 200, 8, 40_000
+    buf, _ = rank_buffer(n, exact=True, seed=5)
+    buf.sampler.n_segments = k
+    counts = np.zeros(n)
+    for _ in range(draws):
+        np.add.at(counts, buf.sampler.ranks(buf.sample(1).indices % n), 1)
+    expected = segment_probabilities(*rank_segments(n, k, 0.7), np.arange(n)) * draws
+    stat = ((counts - expected) ** 2 / expected).sum()
+    assert stats.chi2.sf(stat, df=n - 1) > P_MIN
+    # and not uniform: a batch of one with k = batch size would have been
+    assert stats.chi2.sf(((counts - draws / n) ** 2 / (draws / n)).sum(), df=n - 1) < 1e-12

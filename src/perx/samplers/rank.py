@@ -72,18 +72,22 @@ def segment_prefix(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def _segment_draw(lo, hi, cum_inv, u, beta, use_weights, batch_norm, p_min):
-    """One position per segment, uniform inside it; its exact per-draw probability; IS weights."""
-    k = u.shape[0]
-    positions = np.empty(k, np.int64)
-    probs = np.empty(k)
-    weights = np.ones(k)
+def _segment_draw(lo, hi, cum_inv, seg, u, beta, use_weights, batch_norm, p_min):
+    """Draw b picks a position uniformly inside segment seg[b]; returns positions, their exact per-draw
+    probabilities and IS weights. Each draw's segment is uniform over the k segments (stratified when
+    seg = 0..k-1), so the per-draw probability of a position is the same in both modes."""
+    k = lo.shape[0]
+    n = u.shape[0]
+    positions = np.empty(n, np.int64)
+    probs = np.empty(n)
+    weights = np.ones(n)
     smallest = np.inf
-    for j in range(k):
-        h = lo[j] + np.int64(u[j] * (hi[j] - lo[j]))
+    for b in range(n):
+        j = seg[b]
+        h = lo[j] + np.int64(u[b] * (hi[j] - lo[j]))
         if h >= hi[j]:  # u * length rounded up to length
             h = hi[j] - 1
-        positions[j] = h
+        positions[b] = h
         # the segments holding h form a run first..last-1 around j (lo and hi are nondecreasing)
         first = j
         while first > 0 and hi[first - 1] > h:
@@ -91,14 +95,14 @@ def _segment_draw(lo, hi, cum_inv, u, beta, use_weights, batch_norm, p_min):
         last = j + 1
         while last < k and lo[last] <= h:
             last += 1
-        probs[j] = (cum_inv[last] - cum_inv[first]) / k
-        if probs[j] < smallest:
-            smallest = probs[j]
+        probs[b] = (cum_inv[last] - cum_inv[first]) / k
+        if probs[b] < smallest:
+            smallest = probs[b]
     if use_weights and beta > 0.0:
         # w = (N P)^-beta / max_i (N P_i)^-beta = (P / P_min)^-beta, P_min over the buffer or batch
         ref = smallest if batch_norm else p_min
-        for j in range(k):
-            weights[j] = (probs[j] / ref) ** -beta
+        for b in range(n):
+            weights[b] = (probs[b] / ref) ** -beta
     return positions, probs, weights
 
 
@@ -149,6 +153,10 @@ class RankBased(_HeapSampler):
 
     Args:
         alpha: power-law exponent, >= 0 (the paper's tuned value for Double DQN is 0.7).
+        segments: number of equal-probability segments k. None (default): k = batch size and each
+            batch draws once per segment (stratified). An int: each draw picks one of the k segments
+            uniformly at random (stratified again when the batch size equals k) -- for small batches,
+            such as the single-transition updates of the Blind Cliffwalk.
         sort_every: fully re-sort the heap after this many priority updates (heap mode). None means
             ``capacity`` (see docs/rank_based.md for the measured approximation error against it).
         exact: keep a truly sorted order (``sortedcontainers``) instead of the heap approximation.
@@ -163,10 +171,13 @@ class RankBased(_HeapSampler):
 
     name = "RankBased"
 
-    def __init__(self, alpha: float = 0.7, *, sort_every: int | None = None, exact: bool = False,
-                 normalize: str = "buffer", seed: int | None = None) -> None:
+    def __init__(self, alpha: float = 0.7, *, segments: int | None = None, sort_every: int | None = None,
+                 exact: bool = False, normalize: str = "buffer", seed: int | None = None) -> None:
         super().__init__(seed=seed)
         self.alpha = check_real(alpha, "alpha", low=0.0)
+        if segments is not None and (isinstance(segments, bool) or not isinstance(segments, int) or segments <= 0):
+            raise ValueError(f"segments: expected a positive int or None, got {segments!r}")
+        self.n_segments = segments
         if sort_every is not None and (isinstance(sort_every, bool) or not isinstance(sort_every, int)
                                        or sort_every <= 0):
             raise ValueError(f"sort_every: expected a positive int or None, got {sort_every!r}")
@@ -183,8 +194,8 @@ class RankBased(_HeapSampler):
                 raise ImportError("exact=True needs sortedcontainers: pip install 'perx[exact]'") from err
 
     def config(self):
-        return {"alpha": self.alpha, "sort_every": self.sort_every, "exact": self.exact,
-                "normalize": self.normalize}
+        return {"alpha": self.alpha, "segments": self.n_segments, "sort_every": self.sort_every,
+                "exact": self.exact, "normalize": self.normalize}
 
     def _allocate(self, capacity):
         super()._allocate(capacity)
@@ -245,7 +256,7 @@ class RankBased(_HeapSampler):
         self._state[1] = 0
 
     # -- sampling --------------------------------------------------------------------------------
-    def segments(self, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    def boundaries(self, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """Cached (lo, hi, cum_inv, smallest per-draw probability) for n transitions, k segments."""
         cached = self._segments.get(k)
         if cached is not None:
@@ -277,11 +288,16 @@ class RankBased(_HeapSampler):
         return np.array([sl.index((-float(keys[s]), int(ids[s]))) for s in slots.tolist()], np.int64)
 
     def sample(self, batch_size, beta, size, next_id):
+        k = batch_size if self.n_segments is None else self.n_segments
+        if size >= k and k != batch_size:  # "sample a segment, then uniformly within it" (000 Sec. 3.3)
+            seg = self._rng.integers(0, k, batch_size)
+        else:  # one draw per segment: stratified (000 App. B.2.1)
+            seg = np.arange(batch_size)
         u = self._rng.random(batch_size)
         use_weights = beta > 0.0
-        if size >= batch_size:
-            lo, hi, cum_inv, p_min = self.segments(size, batch_size)
-            positions, probs, weights = _segment_draw(lo, hi, cum_inv, u, beta, use_weights,
+        if size >= k:
+            lo, hi, cum_inv, p_min = self.boundaries(size, k)
+            positions, probs, weights = _segment_draw(lo, hi, cum_inv, seg, u, beta, use_weights,
                                                       self.normalize == "batch", p_min)
         else:
             positions, probs, weights = self._small_draw(u, size, beta)
@@ -303,9 +319,10 @@ class RankBased(_HeapSampler):
         """Per-draw probability of each transition in ``sample(batch_size)``, or, with
         ``batch_size=None``, the target power law at its current rank position."""
         positions = self._positions_of(slots)
-        if batch_size is None or size < batch_size:
+        k = batch_size if self.n_segments is None else self.n_segments
+        if k is None or size < k:
             return power_law(size, self.alpha)[positions]
-        lo, hi, cum_inv, _ = self.segments(size, batch_size)
+        lo, hi, cum_inv, _ = self.boundaries(size, k)
         return segment_probabilities(lo, hi, positions, cum_inv)
 
     def ranks(self, slots: np.ndarray) -> np.ndarray:
