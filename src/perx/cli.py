@@ -7,6 +7,7 @@ import sys
 USAGE = """usage: perx <command> [options]
 
 commands:
+  cliffwalk  the Blind Cliffwalk study of PER Figures 1 and 2 (updates to convergence vs memory size)
   bench    time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)
   rank-tv  total-variation distance of heap-mode rank-based sampling from the power law
   theory   check the loss/sampling equivalence (Fujimoto et al. 2020) exactly; plot the losses
@@ -24,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
         from perx.bench import main as bench_main
 
         return bench_main(rest, prog="perx bench")
+    if command == "cliffwalk":
+        from perx.experiments.cliffwalk import main as cliffwalk_main
+
+        return cliffwalk_main(rest, prog="perx cliffwalk")
     if command == "rank-tv":
         from perx.experiments.rank_tv import main as rank_tv_main
 

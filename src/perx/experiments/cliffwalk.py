@@ -1,0 +1,473 @@
+"""Blind Cliffwalk: updates to learn the value function against memory size (000 Sec. 3.1-3.3, Fig. 1-2).
+
+Setup (000 App. B.1): the replay memory holds every transition of all 2^n action sequences, executed
+until termination in random order (2^(n+1) - 2 transitions, one of them rewarded). Q-learning with
+Q(s, a) = theta^T phi(s, a) -- tabular (one-hot over (s, a)) or linear (the same one-hot plus a constant
+bias feature 1) -- theta_i ~ N(0, 0.1) (read as standard deviation 0.1), gamma = 1 - 1/n, step size
+eta = 1/4, one transition per update:
+
+    delta = R + gamma_t max_a Q(S', a) - Q(S, A)        (eq. 2; gamma_t = 0 at termination)
+    theta <- theta + eta * w * delta * phi(S, A)          (eq. 3; w = IS weight, or 1)
+
+Convergence: mean squared error between Q and the ground truth over all 2n (s, a) pairs below 1e-3.
+The measurement is the number of updates to convergence.
+
+Strategies (every sampled one goes through a perx sampler; priorities are set to |delta| of the update):
+  uniform-*            perx.Uniform
+  greedy-tabular       perx.Greedy (the transition with the largest stored |delta|)
+  rank-linear[-is]     perx.RankBased(alpha_rank, segments=32), without / with IS weights (beta = 1)
+  proportional-linear[-is]  perx.Proportional(alpha_prop), without / with IS weights (beta = 1)
+  oracle-*             the hindsight oracle of Figure 1: at each step the transition whose update most
+                       reduces the global loss (the MSE to the ground truth), found by trying every
+                       candidate. Transitions with the same (s, a) are identical in this deterministic
+                       chain and give identical updates, so the 2n distinct ones are tried (tests check this
+                       equals trying every stored transition). The literal oracle *stalls* when every
+                       candidate raises the loss: the run stops there and is reported as stalled.
+  oracle-lookahead-*   documented variant: when no single update lowers the loss, apply the sequence of
+                       up to LOOKAHEAD_DEPTH = 2 updates that reaches the lowest loss, if that is below the
+                       current loss (each update counted); the loss still falls at every step taken, so the
+                       variant cannot cycle. If no such sequence exists it stalls too.
+
+Runs are capped at ``cap_factor`` x memory size updates; a capped run is reported as such, never silently
+truncated. Results go to ``runs.csv`` (one row per method, n, seed, appended as each run finishes; ``--resume``
+continues an interrupted study from it), ``summary.csv``, ``meta.json`` and ``cliffwalk.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+import perx
+from perx.envs import BlindCliffwalk
+
+CONVERGED_MSE = 1e-3
+ETA = 0.25
+INIT_STD = 0.1
+LOOKAHEAD_DEPTH = 2
+
+METHODS = (
+    "uniform-tabular", "greedy-tabular", "oracle-tabular",
+    "uniform-linear", "rank-linear", "rank-linear-is", "proportional-linear", "proportional-linear-is",
+    "oracle-linear", "oracle-lookahead-linear",
+)
+
+
+@dataclass(frozen=True)
+class Config:
+    n_min: int = 2
+    """Smallest chain."""
+    n_max: int = 11
+    """Largest chain (memory 2^(n+1) - 2)."""
+    seeds: int = 10
+    """Independent runs per (method, n), as in the paper's figures."""
+    methods: tuple[str, ...] = field(default=METHODS)
+    """Strategies to run."""
+    alpha_rank: float = 0.7
+    """Rank-based exponent (000 Table 3's tuned value for rank-based Double DQN)."""
+    alpha_prop: float = 0.6
+    """Proportional exponent (000 Table 3's tuned value for proportional Double DQN)."""
+    rank_segments: int = 32
+    """Equal-probability segments of the rank-based sampler (one is picked per single-transition draw)."""
+    cap_factor: int = 50
+    """Cap on updates per run, in multiples of the memory size (uniform needs about 13-14x)."""
+    bias: str = "shared"
+    """Linear representation: one shared bias feature, or one per action ("per-action")."""
+
+
+class Learner:
+    """Q(s, a) = theta[2s + a] (+ a bias weight if linear); updates by eq. (2)-(3).
+
+    ``bias="shared"`` (default): one bias feature for every (s, a), the issue's reading of "one-hot
+    state concatenated with a bias feature of 1". ``bias="per-action"``: one bias per action (a weight
+    block [one-hot(s), 1] per action), the other possible reading of 000 App. B.1.
+    """
+
+    def __init__(self, env: BlindCliffwalk, linear: bool, rng: np.random.Generator, bias: str = "shared") -> None:
+        if bias not in ("shared", "per-action"):
+            raise ValueError(f"bias: must be 'shared' or 'per-action', got {bias!r}")
+        self.n = env.n
+        self.m = 2 * env.n
+        self.linear = linear
+        self.gamma = env.gamma
+        self.qstar = env.q_star().reshape(-1)  # index 2s + a
+        n_bias = 0 if not linear else (1 if bias == "shared" else 2)
+        self.theta = rng.normal(0.0, INIT_STD, self.m + n_bias)
+        # feature index of the bias weight of each (s, a) = 2s + a
+        self.bias_of = self.m + (np.arange(self.m) % 2 if bias == "per-action" else np.zeros(self.m, np.int64))
+
+    def q(self) -> np.ndarray:
+        """All Q-values, index 2s + a."""
+        return self.theta[: self.m] + self.theta[self.bias_of] if self.linear else self.theta.copy()
+
+    def mse(self) -> float:
+        e = self.q() - self.qstar
+        return float(e @ e) / self.m
+
+    def td_error(self, s: int, a: int, r: float, s2: int, terminated: bool) -> float:
+        th = self.theta
+        target = r
+        if not terminated:
+            q0, q1 = th[2 * s2], th[2 * s2 + 1]
+            if self.linear:
+                q0 += th[self.bias_of[2 * s2]]
+                q1 += th[self.bias_of[2 * s2 + 1]]
+            target += self.gamma * max(q0, q1)
+        k = 2 * s + a
+        return float(target - (th[k] + (th[self.bias_of[k]] if self.linear else 0.0)))
+
+    def update(self, s: int, a: int, delta: float, weight: float = 1.0) -> None:
+        step = ETA * weight * delta  # eq. (3): theta += eta * w * delta * phi(s, a)
+        k = 2 * s + a
+        self.theta[k] += step
+        if self.linear:
+            self.theta[self.bias_of[k]] += step
+
+
+# -- the oracle -----------------------------------------------------------------------------------------
+
+class Oracle:
+    """Evaluates, for every distinct transition type c = (s, a), the global loss after its update."""
+
+    def __init__(self, learner: Learner, memory: dict[str, np.ndarray]) -> None:
+        self.L = learner
+        key = memory["obs"] * 2 + memory["action"]
+        types, first = np.unique(key, return_index=True)
+        self.types = types  # index 2s + a
+        self.r = memory["reward"][first]
+        self.s2 = memory["next_obs"][first]
+        self.term = memory["terminated"][first]
+
+    def _deltas(self, q: np.ndarray) -> np.ndarray:
+        """TD errors of every type under Q-values ``q`` (shape [..., m])."""
+        qmax = np.maximum(q[..., 0::2], q[..., 1::2])  # [..., n]
+        boot = np.where(self.term, 0.0, self.L.gamma * qmax[..., self.s2])
+        return self.r + boot - q[..., self.types]
+
+    def _after(self, q: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Q-values after each candidate's update: [..., c, m] from q [..., m] and steps [..., c]."""
+        m = self.L.m
+        c = np.arange(len(self.types))
+        move = np.zeros((len(self.types), m))
+        move[c, self.types] = 1.0
+        if self.L.linear:
+            # a candidate's bias weight moves every Q-value that shares it
+            move += self.L.bias_of[None, :] == self.L.bias_of[self.types][:, None]
+        return q[..., None, :] + move * steps[..., None]
+
+    def best_sequence(self, depth: int) -> tuple[float, list[int]]:
+        """The lowest global loss reachable with 1..depth updates, and that sequence (type indices)."""
+        q = self.L.q()[None, :]
+        paths: list[list[int]] = [[]]
+        best: tuple[float, list[int]] = (np.inf, [])
+        for _ in range(depth):
+            q_next = self._after(q, ETA * self._deltas(q))  # [paths, c, m]
+            e = q_next - self.L.qstar
+            loss = (e * e).mean(axis=-1)
+            p, c = np.unravel_index(int(np.argmin(loss)), loss.shape)
+            if loss[p, c] < best[0]:
+                best = (float(loss[p, c]), [*paths[p], int(c)])
+            q = q_next.reshape(-1, self.L.m)
+            paths = [[*path, c] for path in paths for c in range(loss.shape[1])]
+        return best
+
+    def apply(self, c: int) -> None:
+        """Update on candidate type index c with its current TD error."""
+        delta = float(self._deltas(self.L.q())[c])
+        t = int(self.types[c])
+        self.L.update(t // 2, t % 2, delta)
+
+
+# -- one run ------------------------------------------------------------------------------------------------
+
+def representation(method: str) -> str:
+    """'tabular' or 'linear' (method names are <strategy>-<representation>[-is])."""
+    return "linear" if "-linear" in method else "tabular"
+
+
+def _sampler(method: str, cfg: Config):
+    if method.startswith("uniform"):
+        return perx.Uniform()
+    if method.startswith("greedy"):
+        return perx.Greedy()
+    if method.startswith("rank"):
+        return perx.RankBased(alpha=cfg.alpha_rank, segments=cfg.rank_segments)
+    if method.startswith("proportional"):
+        return perx.Proportional(alpha=cfg.alpha_prop)
+    raise ValueError(f"method: unknown {method!r}")
+
+
+def run_one(method: str, n: int, seed: int, cfg: Config) -> dict:
+    """Updates to convergence for one (method, n, seed). Memory order and initial theta depend only on
+    (seed, n), so every method starts from the same memory and the same parameters for a seed."""
+    if method not in METHODS:
+        raise ValueError(f"method: must be one of {METHODS}, got {method!r}")
+    linear = representation(method) == "linear"
+    streams = np.random.SeedSequence([seed, n]).spawn(3)
+    env = BlindCliffwalk(n, seed=np.random.default_rng(streams[0]).integers(2**63))
+    memory = env.replay_memory()
+    size = len(memory["obs"])
+    learner = Learner(env, linear, np.random.default_rng(streams[1]), cfg.bias)
+    cap = max(1000, cfg.cap_factor * size)
+    t0 = time.perf_counter()
+    updates, stalled = 0, False
+    mse = learner.mse()
+    if method.startswith("oracle"):
+        oracle = Oracle(learner, memory)
+        depth = LOOKAHEAD_DEPTH if "lookahead" in method else 1
+        while mse >= CONVERGED_MSE and updates < cap:
+            loss, path = oracle.best_sequence(1)
+            if loss >= mse and depth > 1:
+                # every single update raises the loss: look for a short sequence that lowers it
+                loss, path = oracle.best_sequence(depth)
+            if loss >= mse:
+                stalled = True  # no candidate (sequence) lowers the global loss
+                break
+            for c in path[: cap - updates]:
+                oracle.apply(c)
+                updates += 1
+            mse = learner.mse()
+    else:
+        method_seed = int(np.random.default_rng(streams[2]).integers(2**63)) + METHODS.index(method)
+        buf = perx.ReplayBuffer(size, _sampler(method, cfg), seed=method_seed)
+        buf.extend(**memory)
+        use_is = method.endswith("-is")
+        beta = 1.0 if use_is else 0.0
+        while mse >= CONVERGED_MSE and updates < cap:
+            batch = buf.sample(1, beta=beta)
+            s, a = int(batch["obs"][0]), int(batch["action"][0])
+            delta = learner.td_error(s, a, float(batch["reward"][0]), int(batch["next_obs"][0]),
+                                     bool(batch["terminated"][0]))
+            learner.update(s, a, delta, float(batch.weights[0]) if use_is else 1.0)
+            buf.update_priorities(batch.indices, np.array([delta]))
+            updates += 1
+            mse = learner.mse()
+    converged = mse < CONVERGED_MSE
+    return {"method": method, "n": n, "memory_size": size, "seed": seed, "updates": updates,
+            "converged": converged, "stalled": stalled, "hit_cap": (not converged and not stalled),
+            "cap": cap, "final_mse": mse, "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _run_job(args: tuple[str, int, int, Config]) -> dict:
+    return run_one(*args)
+
+
+# -- the study ------------------------------------------------------------------------------------------------
+
+FIELDS = ["method", "n", "memory_size", "seed", "updates", "converged", "stalled", "hit_cap", "cap", "final_mse",
+          "seconds"]
+
+
+def read_runs(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for r in rows:
+        for key in ("n", "memory_size", "seed", "updates", "cap"):
+            r[key] = int(r[key])
+        for key in ("converged", "stalled", "hit_cap"):
+            r[key] = r[key] == "True"
+        r["final_mse"] = float(r["final_mse"])
+        r["seconds"] = float(r["seconds"])
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    out = []
+    keys = sorted({(r["method"], r["n"]) for r in rows}, key=lambda k: (METHODS.index(k[0]), k[1]))
+    for method, n in keys:
+        sel = [r for r in rows if r["method"] == method and r["n"] == n]
+        ups = np.array([r["updates"] for r in sel])
+        # a run that stalled or hit the cap has no update count to convergence: it counts as infinite,
+        # so the median is finite only if at least half of the runs converged
+        to_conv = np.array([r["updates"] if r["converged"] else np.inf for r in sel])
+        out.append({"method": method, "n": n, "memory_size": sel[0]["memory_size"], "runs": len(sel),
+                    "converged": sum(r["converged"] for r in sel), "stalled": sum(r["stalled"] for r in sel),
+                    "hit_cap": sum(r["hit_cap"] for r in sel), "median_updates": float(np.median(to_conv)),
+                    "min_updates": float(to_conv.min()), "max_updates": float(to_conv.max()),
+                    "median_updates_at_stop": float(np.median(ups))})
+    return out
+
+
+STYLE = {
+    "uniform": ("black", "o"), "greedy": ("tab:red", "s"), "oracle": ("tab:cyan", "D"),
+    "oracle-lookahead": ("tab:green", "v"), "rank": ("tab:red", "s"), "rank-is": ("salmon", "s"),
+    "proportional": ("tab:blue", "^"), "proportional-is": ("lightsteelblue", "^"),
+}
+
+
+def plot(summary: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    for ax, rep, title in ((axes[0], "tabular", "Tabular (000 Fig. 2 left)"),
+                           (axes[1], "linear", "Linear function approximation (000 Fig. 2 right)")):
+        for method in METHODS:
+            rows = [s for s in summary if s["method"] == method]
+            if representation(method) != rep or not rows:
+                continue
+            base = method.replace(f"-{rep}", "")
+            color, marker = STYLE.get(base, ("gray", "x"))
+            x = np.array([r["memory_size"] for r in rows])
+            med = np.array([r["median_updates"] for r in rows])
+            ok = np.isfinite(med)
+            if ok.any():
+                ax.plot(x[ok], med[ok], color=color, marker=marker, label=base, lw=1.8, ms=4)
+                for key in ("min_updates", "max_updates"):
+                    y = np.array([r[key] for r in rows])
+                    ax.plot(x[ok & np.isfinite(y)], y[ok & np.isfinite(y)], color=color, lw=0.7, alpha=0.35)
+            if (~ok).any():  # most runs stalled or hit the cap: show where they stopped, not a convergence
+                stop = np.array([r["median_updates_at_stop"] for r in rows])
+                ax.plot(x[~ok], stop[~ok], color=color, ls=":", marker="x", ms=6, lw=1.2,
+                        label=f"{base}: no convergence (x = median updates when stalled / capped)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("memory size (transitions)")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="lower right")
+    axes[0].set_ylabel("updates to convergence (median of 10; faint: min, max)")
+    fig.suptitle("Blind Cliffwalk: updates until the MSE to the true Q-values is below 1e-3", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_outputs(rows: list[dict], out: Path, cfg: Config, command: str) -> list[dict]:
+    summary = summarize(rows)
+    with open(out / "summary.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(summary[0]))
+        writer.writeheader()
+        writer.writerows(summary)
+    plot(summary, out / "cliffwalk.png")
+    return summary
+
+
+def main(argv: list[str] | None = None, prog: str = "perx cliffwalk") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    d = Config()
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n-min", type=int, default=d.n_min)
+    parser.add_argument("--n-max", type=int, default=d.n_max, help="largest chain; memory 2^(n+1) - 2")
+    parser.add_argument("--seeds", type=int, default=d.seeds)
+    parser.add_argument("--methods", nargs="+", default=list(d.methods), choices=METHODS)
+    parser.add_argument("--alpha-rank", type=float, default=d.alpha_rank)
+    parser.add_argument("--alpha-prop", type=float, default=d.alpha_prop)
+    parser.add_argument("--rank-segments", type=int, default=d.rank_segments)
+    parser.add_argument("--cap-factor", type=int, default=d.cap_factor, help="cap = this x memory size updates")
+    parser.add_argument("--bias", choices=("shared", "per-action"), default=d.bias,
+                        help="bias feature of the linear representation")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes")
+    parser.add_argument("--out", default="results/cliffwalk", help="folder for runs.csv, summary.csv, PNG, meta")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs already in OUT/runs.csv and run only the missing ones")
+    parser.add_argument("--plot-only", action="store_true", help="redraw summary.csv and the PNG from runs.csv")
+    args = parser.parse_args(argv)
+    cfg = Config(n_min=args.n_min, n_max=args.n_max, seeds=args.seeds, methods=tuple(args.methods),
+                 alpha_rank=args.alpha_rank, alpha_prop=args.alpha_prop, rank_segments=args.rank_segments,
+                 cap_factor=args.cap_factor, bias=args.bias)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs_path = out / "runs.csv"
+    command = " ".join([prog, *argv])
+    if args.plot_only:
+        rows = read_runs(runs_path)
+        if not rows:
+            print(f"perx cliffwalk: no runs in {runs_path}", file=sys.stderr)
+            return 1
+        write_outputs(rows, out, cfg, command)
+        print(f"wrote {out}/summary.csv, cliffwalk.png from {len(rows)} runs")
+        return 0
+    meta_path = out / "meta.json"
+    learning = {k: v for k, v in asdict(cfg).items()
+                if k in ("alpha_rank", "alpha_prop", "rank_segments", "cap_factor", "bias")}
+    if not args.resume and runs_path.exists():
+        runs_path.unlink()  # a plain run starts over; --resume continues an interrupted study
+    rows = read_runs(runs_path)
+    if rows and meta_path.exists():
+        old = json.loads(meta_path.read_text()).get("learning")
+        if old != learning:
+            print(f"perx cliffwalk: {runs_path} was made with {old}, not {learning}; drop --resume or use another "
+                  "--out", file=sys.stderr)
+            return 2
+    meta = {"command": command, "learning": learning, "config": asdict(cfg), "perx": perx.__version__,
+            "numpy": np.__version__, "python": platform.python_version()}
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+    done = {(r["method"], r["n"], r["seed"]) for r in rows}
+    jobs = [(m, n, s, cfg) for n in range(cfg.n_min, cfg.n_max + 1) for m in cfg.methods for s in range(cfg.seeds)
+            if (m, n, s) not in done]
+    if done:
+        print(f"resuming: {len(done)} runs already in {runs_path}, {len(jobs)} to go")
+    else:
+        print(f"{len(jobs)} runs; each finished run is appended to {runs_path} (interrupted? add --resume)")
+    new_file = not runs_path.exists()
+    t0 = time.perf_counter()
+    with open(runs_path, "a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        if new_file:
+            writer.writeheader()
+        for row in _execute(jobs, args.workers):
+            writer.writerow(row)
+            f.flush()  # every finished run is on disk: an interrupted study resumes where it stopped
+            rows.append(row)
+            if row["hit_cap"] or row["stalled"]:
+                what = "stalled" if row["stalled"] else f"hit the cap of {row['cap']:,} updates"
+                _log(f"note: {row['method']} n={row['n']} seed={row['seed']} {what} (MSE {row['final_mse']:.2e})")
+    summary = write_outputs(rows, out, cfg, command)
+    print(f"\n{len(jobs)} runs in {time.perf_counter() - t0:.0f} s; wrote {out}/runs.csv, summary.csv, meta.json, "
+          "cliffwalk.png\n")
+    print_table(summary)
+    return 0
+
+
+def _log(message: str) -> None:
+    try:
+        from tqdm import tqdm
+
+        tqdm.write(message)
+    except ImportError:
+        print(message, flush=True)
+
+
+def _execute(jobs, workers):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # no progress bar without tqdm (the experiments extra installs it)
+        def tqdm(iterable, **kwargs):
+            return iterable
+    if workers <= 1 or len(jobs) <= 1:
+        yield from tqdm(map(_run_job, jobs), total=len(jobs), desc="cliffwalk runs", unit="run")
+        return
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(workers) as pool:
+        yield from tqdm(pool.imap_unordered(_run_job, jobs), total=len(jobs), desc="cliffwalk runs", unit="run")
+
+
+def print_table(summary: list[dict]) -> None:
+    print("| method | n | memory | median updates to convergence | min | max | converged / runs |")
+    print("|---|---|---|---|---|---|---|")
+    for s in summary:
+        flag = "" if s["converged"] == s["runs"] else f" ({s['stalled']} stalled, {s['hit_cap']} capped)"
+        cells = [f"{s[k]:,.0f}" if np.isfinite(s[k]) else "not reached" for k in
+                 ("median_updates", "min_updates", "max_updates")]
+        print(f"| {s['method']} | {s['n']} | {s['memory_size']:,} | {' | '.join(cells)} | "
+              f"{s['converged']}/{s['runs']}{flag} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
