@@ -12,20 +12,21 @@ def _short(value: object) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def check_positive_int(value: object, name: str) -> int:
+    """An int > 0 (bools refused): TypeError for a non-integer, ValueError for <= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected a positive int, got {_short(value)}")
+    if value <= 0:
+        raise ValueError(f"{name}: must be > 0, got {value!r}")
+    return int(value)
+
+
 def check_capacity(capacity: object) -> int:
-    if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral):
-        raise TypeError(f"capacity: expected a positive int, got {_short(capacity)}")
-    if capacity <= 0:
-        raise ValueError(f"capacity: must be > 0, got {capacity!r}")
-    return int(capacity)
+    return check_positive_int(capacity, "capacity")
 
 
 def check_batch_size(batch_size: object) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral):
-        raise TypeError(f"batch_size: expected a positive int, got {_short(batch_size)}")
-    if batch_size <= 0:
-        raise ValueError(f"batch_size: must be > 0, got {batch_size!r}")
-    return int(batch_size)
+    return check_positive_int(batch_size, "batch_size")
 
 
 def check_real(value: object, name: str, *, low: float | None = None, high: float | None = None,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import numbers
-
-from perx._validation import check_real
+from perx._validation import check_positive_int, check_real
 
 
 class LinearSchedule:
@@ -22,11 +20,7 @@ class LinearSchedule:
     def __init__(self, start: float, end: float, steps: int) -> None:
         self.start = check_real(start, "start")
         self.end = check_real(end, "end")
-        if isinstance(steps, bool) or not isinstance(steps, numbers.Integral):
-            raise TypeError(f"steps: expected a positive int, got {steps!r}")
-        if steps <= 0:
-            raise ValueError(f"steps: must be > 0, got {steps!r}")
-        self.steps = int(steps)
+        self.steps = check_positive_int(steps, "steps")
 
     def __call__(self, t: float) -> float:
         t = check_real(t, "t", low=0.0)
