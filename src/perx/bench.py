@@ -212,7 +212,7 @@ def _build(data, n, rng, peers, skipped) -> list[Impl]:
         try:
             impls.append(build())
         except ImportError as err:
-            skipped[name] = f"not installed ({err.name})"
+            skipped[name] = f"not installed ({err.name or err})"
         except Exception as err:  # a peer that breaks must not hide the others
             skipped[name] = f"failed: {type(err).__name__}: {err}"
     return impls
