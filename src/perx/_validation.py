@@ -21,6 +21,17 @@ def check_positive_int(value: object, name: str) -> int:
     return int(value)
 
 
+def check_optional_positive_int(value: object, name: str) -> int | None:
+    """None, or an int > 0 (see :func:`check_positive_int`)."""
+    return None if value is None else check_positive_int(value, name)
+
+
+def check_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}: expected a bool, got {_short(value)}")
+    return value
+
+
 def check_capacity(capacity: object) -> int:
     return check_positive_int(capacity, "capacity")
 

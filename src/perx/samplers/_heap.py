@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from perx.samplers.base import check_update
+
 
 @njit(cache=True, nogil=True, inline="always")
 def before(keys, ids, a, b):
@@ -82,13 +84,9 @@ def heap_update(keys, ids, pos, state, update_ids, values, next_id, capacity, ra
     """Validate all, then set key |delta| (or the raw priority) for each live id; returns the count
     applied, or -1 (bad value) / -2 (id never issued) with nothing changed."""
     n = update_ids.shape[0]
-    for b in range(n):
-        v = values[b]
-        if not np.isfinite(v) or (raw and v < 0.0):
-            return -1
-    for b in range(n):
-        if update_ids[b] < 0 or update_ids[b] >= next_id:
-            return -2
+    code = check_update(update_ids, values, next_id, capacity, raw)
+    if code < 0:
+        return code
     oldest = next_id - capacity
     size = state[0]
     count = 0

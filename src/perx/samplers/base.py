@@ -162,6 +162,14 @@ class Sampler:
         self._rng = np.random.Generator(bit_generator)
 
 
+def restore(target: np.ndarray, arrays: dict[str, np.ndarray], name: str) -> None:
+    """Copy a saved array into ``target`` in place, refusing a shape that does not match."""
+    saved = arrays[name]
+    if saved.shape != target.shape:
+        raise ValueError(f"{name}: saved shape {saved.shape} != expected {target.shape}")
+    target[:] = saved
+
+
 def check_sampler(sampler: object) -> Sampler:
     if not isinstance(sampler, Sampler):
         raise TypeError(f"sampler: expected a perx sampler such as perx.Proportional(), "

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from perx._validation import check_choice, check_real
-from perx.samplers.base import Sampler, raise_bad_update
+from perx._validation import check_bool, check_choice, check_real
+from perx.samplers.base import Sampler, check_update, raise_bad_update, restore
 from perx.trees import MaxTree, MinTree, SumTree, _propagate, find_prefix, leaf_count
 
 #: New transitions get this priority before any priority has been seen (000 Alg. 1 line 2: p_1 = 1).
@@ -104,13 +104,9 @@ def _update(nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
             raw, eps, floor, alpha, state, track_max):
     n = ids.shape[0]
     # Pass 1 validates everything, pass 2 writes: a refused update leaves every array untouched.
-    for b in range(n):
-        v = values[b]
-        if not np.isfinite(v) or (raw and v < 0.0):
-            return -1
-    for b in range(n):
-        if ids[b] < 0 or ids[b] >= next_id:
-            return -2
+    code = check_update(ids, values, next_id, capacity, raw)
+    if code < 0:
+        return code
     oldest = next_id - capacity
     slots = np.empty(n, np.int64)
     count = 0
@@ -207,12 +203,8 @@ class Proportional(Sampler):
         self.alpha = check_real(alpha, "alpha", low=0.0)
         self.eps = check_real(eps, "eps", low=0.0)
         self.min_priority = check_real(min_priority, "min_priority", low=0.0)
-        if not isinstance(importance_sampling, bool):
-            raise TypeError(f"importance_sampling: expected a bool, got {importance_sampling!r}")
-        self.importance_sampling = importance_sampling
-        if not isinstance(stratified, bool):
-            raise TypeError(f"stratified: expected a bool, got {stratified!r}")
-        self.stratified = stratified
+        self.importance_sampling = check_bool(importance_sampling, "importance_sampling")
+        self.stratified = check_bool(stratified, "stratified")
         self.normalize = check_choice(normalize, "normalize", ("buffer", "batch"))
         self.max_priority_mode = check_choice(max_priority, "max_priority", ("historical", "buffer"))
         self._state = np.array([INITIAL_PRIORITY])
@@ -288,11 +280,9 @@ class Proportional(Sampler):
     def load_state_dict(self, meta, arrays):
         super().load_state_dict(meta, arrays)
         self._state[0] = float(meta["max_priority"])
-        for key, target in (("nodes", self._nodes), ("max_nodes", self.max_tree.nodes)):
-            if arrays[key].shape != target.shape:
-                raise ValueError(f"{key}: saved shape {arrays[key].shape} != expected {target.shape}")
-            target[:] = arrays[key]
-        self._priority[:] = arrays["priority"]
+        restore(self._nodes, arrays, "nodes")
+        restore(self.max_tree.nodes, arrays, "max_nodes")
+        restore(self._priority, arrays, "priority")
 
 
 def LAP(alpha: float = 0.4, kappa: float = 1.0, *, stratified: bool = True, max_priority: str = "historical",

@@ -27,9 +27,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from perx._validation import check_choice, check_real
+from perx._validation import check_bool, check_choice, check_optional_positive_int, check_real
 from perx.samplers import _heap
-from perx.samplers.base import Sampler, check_update, raise_bad_update
+from perx.samplers.base import Sampler, check_update, raise_bad_update, restore
 
 #: Reuse cached segment boundaries while N <= N_ref * (1 + SEGMENT_REUSE).
 SEGMENT_REUSE = 0.01
@@ -142,10 +142,7 @@ class _HeapSampler(Sampler):
     def load_state_dict(self, meta, arrays):
         super().load_state_dict(meta, arrays)
         for name in ("keys", "ids", "pos", "state"):
-            target = getattr(self, f"_{name}")
-            if arrays[name].shape != target.shape:
-                raise ValueError(f"{name}: saved shape {arrays[name].shape} != expected {target.shape}")
-            target[:] = arrays[name]
+            restore(getattr(self, f"_{name}"), arrays, name)
 
 
 class RankBased(_HeapSampler):
@@ -175,16 +172,9 @@ class RankBased(_HeapSampler):
                  exact: bool = False, normalize: str = "buffer", seed: int | None = None) -> None:
         super().__init__(seed=seed)
         self.alpha = check_real(alpha, "alpha", low=0.0)
-        if segments is not None and (isinstance(segments, bool) or not isinstance(segments, int) or segments <= 0):
-            raise ValueError(f"segments: expected a positive int or None, got {segments!r}")
-        self.n_segments = segments
-        if sort_every is not None and (isinstance(sort_every, bool) or not isinstance(sort_every, int)
-                                       or sort_every <= 0):
-            raise ValueError(f"sort_every: expected a positive int or None, got {sort_every!r}")
-        self.sort_every = sort_every
-        if not isinstance(exact, bool):
-            raise TypeError(f"exact: expected a bool, got {exact!r}")
-        self.exact = exact
+        self.n_segments = check_optional_positive_int(segments, "segments")
+        self.sort_every = check_optional_positive_int(sort_every, "sort_every")
+        self.exact = check_bool(exact, "exact")
         self.normalize = check_choice(normalize, "normalize", ("buffer", "batch"))
         self._segments: dict[int, tuple[int, np.ndarray]] = {}
         if exact:
