@@ -84,3 +84,50 @@ def test_foreign_file_is_refused(tmp_path):
         perx.ReplayBuffer.load(tmp_path / "t.txt")
     with pytest.raises(FileNotFoundError):
         perx.ReplayBuffer.load(tmp_path / "missing")
+
+
+def _fuzz_load(tmp_path, trials, seed):
+    """Random truncations and bit flips of saved files: load gives ValueError or an identical buffer."""
+    from tests.conftest import SAMPLERS, assert_same, snapshot
+
+    rng = np.random.default_rng(seed)
+    originals = []
+    for name in ("uniform", "proportional-buffermax", "rank", "rank-exact", "greedy", "lap"):
+        buf = filled(SAMPLERS[name](), capacity=24, n=37, seed=1)
+        batch = buf.sample(8)
+        buf.update_priorities(batch.indices, rng.standard_normal(8))
+        path = tmp_path / f"{name}.npz"
+        buf.save(path)
+        originals.append((buf, path.read_bytes()))
+    outcomes = {"refused": 0, "identical": 0}
+    target = tmp_path / "fuzzed.npz"
+    for _ in range(trials):
+        buf, raw = originals[int(rng.integers(len(originals)))]
+        data = bytearray(raw)
+        if rng.random() < 0.3:
+            data = data[: int(rng.integers(0, len(data)))]
+        else:
+            for _ in range(int(rng.integers(1, 4))):
+                pos = int(rng.integers(len(data)))
+                data[pos] ^= 1 << int(rng.integers(8))
+        target.write_bytes(bytes(data))
+        try:
+            twin = perx.ReplayBuffer.load(target)
+        except ValueError as err:
+            assert str(target) in str(err)
+            outcomes["refused"] += 1
+            continue
+        assert_same(snapshot(buf), snapshot(twin))  # a change that loads must have changed nothing
+        outcomes["identical"] += 1
+    return outcomes
+
+
+def test_damaged_files_load_identically_or_raise_value_error(tmp_path):
+    outcomes = _fuzz_load(tmp_path, 300, seed=0)
+    assert outcomes["refused"] > 200  # most damage is detected; the rest hit bytes that zip ignores
+
+
+@pytest.mark.slow
+def test_damaged_files_fuzz_long(tmp_path):
+    outcomes = _fuzz_load(tmp_path, 5000, seed=1)
+    assert outcomes["refused"] > 3000

@@ -62,9 +62,20 @@ def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
+def to_numpy(value: object) -> np.ndarray:
+    """``value`` as a numpy array. Tensors of array libraries (torch: on any device, with or without
+    grad) are detached and copied to host memory by duck typing, so the core never imports them."""
+    if type(value) is np.ndarray:
+        return value
+    detach = getattr(value, "detach", None)
+    if detach is not None and hasattr(value, "cpu") and hasattr(value, "numpy"):
+        return detach().cpu().numpy()
+    return np.asarray(value)
+
+
 def as_index_array(values: object, name: str, *, upper: int | None = None) -> np.ndarray:
     """A 1-D int64 array (a scalar becomes shape [1]); rejects floats, bools and out-of-range values."""
-    arr = np.asarray(values)
+    arr = to_numpy(values)
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.ndim != 1:
@@ -81,13 +92,13 @@ def as_index_array(values: object, name: str, *, upper: int | None = None) -> np
 
 
 def as_value_array(values: object, name: str, *, length: int) -> np.ndarray:
-    """A 1-D float64 array of the given length (a scalar becomes shape [1])."""
-    arr = np.asarray(values)
+    """A 1-D float64 array of the given length (a scalar becomes shape [1]); bools are refused."""
+    arr = to_numpy(values)
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.ndim != 1:
         raise ValueError(f"{name}: expected a 1-D array, got shape {arr.shape}")
-    if arr.dtype.kind not in "biuf":
+    if arr.dtype.kind not in "iuf":
         raise TypeError(f"{name}: expected real numbers, got dtype {arr.dtype} ({_short(values)})")
     if arr.shape[0] != length:
         raise ValueError(f"{name}: has {arr.shape[0]} values but the indices have {length}")

@@ -316,7 +316,8 @@ def format_table(result: dict, command: str) -> str:
               "heap every `sort_every` priority updates (default: capacity); block medians leave that rare "
               "sort out, so its cost is the separate 'full sort' row: amortized, add "
               "sort time x B / sort_every to each iteration. perx.RankBased exact keeps a "
-              "sortedcontainers.SortedList (Python-level). perx.Greedy returns the top B (no randomness)."]
+              "compiled list of sorted blocks with a Fenwick tree over their sizes. perx.Greedy returns the "
+              "top B (no randomness)."]
     return "\n".join(lines) + "\n"
 
 

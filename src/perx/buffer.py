@@ -9,10 +9,10 @@ Invariant: every public method either succeeds or raises before changing anythin
 
 from __future__ import annotations
 
-import io
+import functools
 import json
 import os
-import tempfile
+import threading
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -20,11 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from perx import _atomic
 from perx._validation import (
     _short,
     as_index_array,
     as_value_array,
     check_batch_size,
+    check_bool,
     check_capacity,
     check_real,
 )
@@ -79,6 +81,11 @@ class ReplayBuffer:
         seed: if given, reseeds the sampler's generator with ``np.random.default_rng(seed)``.
         spec: optional ``{name: (shape, dtype)}`` fixing the fields up front; otherwise the first
             ``add``/``extend`` fixes them. ``terminated`` and ``truncated`` are ordinary fields.
+        lock: make every public method hold one reentrant lock (``buf.lock``), so threads can share
+            the buffer (an actor extending while a learner samples and updates). Off by default, and
+            then it costs nothing: a buffer without it must be used by one thread at a time, because
+            the compiled kernels release the GIL. Hold ``buf.lock`` yourself to make several calls
+            one atomic step.
 
     Example:
         >>> buf = ReplayBuffer(capacity=1000, sampler=perx.Proportional(alpha=0.6), seed=0)
@@ -88,15 +95,22 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None,
-                 spec: Mapping | None = None) -> None:
+                 spec: Mapping | None = None, lock: bool = False) -> None:
         capacity = check_capacity(capacity)
         sampler = Uniform() if sampler is None else check_sampler(sampler)
+        check_bool(lock, "lock")
         storage = Storage(capacity, spec)
         sampler._bind(capacity)
         if seed is not None:
             sampler.reseed(seed)
         self._storage = storage
         self.sampler = sampler
+        #: The buffer's ``threading.RLock`` with ``lock=True``, else None.
+        self.lock = threading.RLock() if lock else None
+        if lock:
+            # Instance attributes shadow the methods, so an unlocked buffer pays nothing at all.
+            for name in _LOCKED:
+                setattr(self, name, _locked(getattr(self, name), self.lock))
 
     # -- facts -----------------------------------------------------------------------------------
     @property
@@ -116,6 +130,11 @@ class ReplayBuffer:
     @property
     def spec(self) -> dict[str, FieldSpec] | None:
         return self._storage.spec
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the field arrays plus the sampler's arrays."""
+        return self._storage.nbytes + self.sampler.nbytes
 
     def __repr__(self) -> str:
         return f"ReplayBuffer(capacity={self.capacity}, size={len(self)}, sampler={self.sampler!r})"
@@ -244,10 +263,13 @@ class ReplayBuffer:
 
     # -- persistence -----------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
-        """Write the complete state (data, trees, max priority, counter, RNG) to ``path`` atomically.
+        """Write the complete state (data, priorities, max priority, counter, RNG) to ``path`` atomically.
 
-        The file is an uncompressed ``.npz`` archive, written to a temporary file in the same
-        folder and renamed over ``path``, so a crash never leaves a half-written file at ``path``.
+        The file is an uncompressed ``.npz`` archive, written to a temporary file in the same folder
+        (``.<name>.perx-<host>-<pid>-<random>.tmp``), fsynced and renamed over ``path``, so a crash
+        never leaves a half-written file at ``path``. Temporary files that earlier saves of the same
+        ``path`` left behind when their process was killed are removed first (only those: files of
+        saves still running, of other paths, or from other hosts are left alone).
         """
         path = Path(path)
         size = len(self)
@@ -259,6 +281,7 @@ class ReplayBuffer:
             "capacity": self.capacity,
             "next_id": self._storage.next_id,
             "spec": None if spec is None else {k: f.to_json() for k, f in spec.items()},
+            "inferred": self._storage.inferred,
             "sampler": {"name": self.sampler.name, "config": self.sampler.config(), "state": sampler_meta},
         }
         arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
@@ -266,67 +289,172 @@ class ReplayBuffer:
             arrays[f"data/{name}"] = arr[:size]
         for key, arr in sampler_arrays.items():
             arrays[f"sampler/{key}"] = arr
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        _atomic.write(path, lambda f: np.savez(f, **arrays))
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> ReplayBuffer:
+    def load(cls, path: str | os.PathLike, *, lock: bool = False) -> ReplayBuffer:
         """Rebuild a buffer saved by :meth:`save`; its next samples equal the original's.
 
+        The file is treated as untrusted: nothing is unpickled (object arrays are refused), only
+        uncompressed members with valid checksums are read, every value is checked (sizes, dtypes,
+        ranges, the heap order, consistency of priorities with the stored transitions), derived
+        structures (sum and min trees, sorted orders, segment boundaries) are rebuilt rather than
+        read, and no global state is touched (the random generator is rebuilt from an allowed bit
+        generator). Field data is read straight into the buffer's arrays, so loading needs little
+        more memory than the buffer itself.
+
         Raises:
-            FileNotFoundError: no file at ``path``.
-            ValueError: the file is truncated, corrupted, or not a perx buffer.
+            FileNotFoundError / PermissionError / IsADirectoryError: ``path`` cannot be opened.
+            ValueError (naming ``path``): anything wrong with the file: truncated, corrupted, crafted,
+                not a perx buffer, or a capacity that cannot be allocated here.
         """
         path = Path(path)
-        try:
-            with open(path, "rb") as f:
-                raw = f.read()
-            with np.load(io.BytesIO(raw), allow_pickle=False) as npz:
-                arrays = {key: npz[key] for key in npz.files}
-            meta = json.loads(arrays.pop("meta").tobytes().decode())
-        except FileNotFoundError:
-            raise
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, KeyError, UnicodeDecodeError) as err:
-            raise ValueError(f"path: cannot load a replay buffer from {str(path)!r}: the file is "
-                             f"truncated or corrupted ({type(err).__name__}: {err})") from err
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            raise ValueError(f"path: {str(path)!r} is not a saved perx.ReplayBuffer")
-        if meta.get("version") != FORMAT_VERSION:
-            raise ValueError(f"path: {str(path)!r} has format version {meta.get('version')!r}; "
-                             f"this perx reads version {FORMAT_VERSION}")
-        try:
-            return cls._from_state(meta, arrays)
-        except (KeyError, TypeError, ValueError, IndexError) as err:
-            raise ValueError(f"path: {str(path)!r} is corrupted: {type(err).__name__}: {err}") from err
+        with open(path, "rb") as f:
+            try:
+                return _read(cls, f, lock)
+            except _LoadError as err:
+                raise ValueError(f"path: cannot load a replay buffer from {str(path)!r}: {err}") from None
+            except Exception as err:
+                raise ValueError(f"path: cannot load a replay buffer from {str(path)!r}: the file is "
+                                 f"truncated or corrupted, or was crafted ({type(err).__name__}: {err})") from err
 
-    @classmethod
-    def _from_state(cls, meta: dict, arrays: dict[str, np.ndarray]) -> ReplayBuffer:
-        sampler_cls = Sampler.registry[meta["sampler"]["name"]]
-        sampler = sampler_cls(**meta["sampler"]["config"])
-        spec = None if meta["spec"] is None else {k: FieldSpec.from_json(v) for k, v in meta["spec"].items()}
-        buf = cls(meta["capacity"], sampler, spec=spec)
-        next_id = int(meta["next_id"])
-        size = min(next_id, buf.capacity)
+
+_LOCKED = ("add", "extend", "sample", "update_priorities", "set_priorities", "probabilities", "save")
+
+
+def _locked(method, lock):
+    @functools.wraps(method)
+    def call(*args, **kwargs):
+        with lock:
+            return method(*args, **kwargs)
+
+    return call
+
+
+class _LoadError(Exception):
+    """A file that parsed but whose content is refused (the message says why)."""
+
+
+def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
+    with zipfile.ZipFile(f) as zf:
+        infos = zf.infolist()
+        names = [info.filename for info in infos]
+        if len(set(names)) != len(names):
+            raise _LoadError("the archive has duplicate members")
+        members = {}
+        for info in infos:
+            if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1 or not info.filename.endswith(".npy"):
+                raise _LoadError(f"member {info.filename!r} is not an uncompressed .npy array; perx writes "
+                                 f"nothing else")
+            members[info.filename[: -len(".npy")]] = info
+        if "meta" not in members:
+            raise _LoadError("not a saved perx.ReplayBuffer (no metadata)")
+        meta = json.loads(_read_member(zf, members.pop("meta")).tobytes().decode())
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            raise _LoadError("not a saved perx.ReplayBuffer")
+        if meta.get("version") != FORMAT_VERSION:
+            raise _LoadError(f"format version {meta.get('version')!r}; this perx reads version {FORMAT_VERSION}")
+        capacity, next_id, spec, sampler = _parse_meta(meta)
+        expected_data = set() if spec is None else {f"data/{name}" for name in spec}
+        found_data = {k for k in members if k.startswith("data/")}
+        if found_data != expected_data:
+            raise _LoadError(f"data members {sorted(found_data)} do not match the fields {sorted(expected_data)}")
+        unknown = sorted(k for k in members if not k.startswith(("data/", "sampler/")))
+        if unknown:
+            raise _LoadError(f"unexpected members {unknown}")
+        try:
+            buf = cls(capacity, sampler, spec=spec, lock=lock)
+        except MemoryError as err:
+            raise _LoadError(f"capacity {capacity} cannot be allocated here ({err})") from None
         storage = buf._storage
+        size = min(next_id, capacity)
         for name, arr in storage.data.items():
-            saved = arrays[f"data/{name}"]
-            if saved.shape != (size, *arr.shape[1:]) or saved.dtype != arr.dtype:
-                raise ValueError(f"data/{name}: saved {saved.dtype}{saved.shape} does not match the spec")
-            arr[:size] = saved
+            _read_member(zf, members[f"data/{name}"], into=arr[:size], what=f"data/{name}")
         storage.next_id = next_id
-        prefix = "sampler/"
-        sampler.load_state_dict(meta["sampler"]["state"],
-                                {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
-        return buf
+        if spec is not None:
+            storage.inferred = bool(meta.get("inferred", False))
+        sampler_arrays = {k[len("sampler/"):]: _read_member(zf, info, what=k)
+                          for k, info in members.items() if k.startswith("sampler/")}
+    try:
+        sampler.load_state_dict(meta["sampler"]["state"], sampler_arrays, size=size, next_id=next_id)
+    except (KeyError, TypeError) as err:
+        raise _LoadError(f"sampler state: {type(err).__name__}: {err}") from None
+    except ValueError as err:
+        raise _LoadError(f"sampler state: {err}") from None
+    return buf
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, into: np.ndarray | None = None,
+                 what: str = "meta") -> np.ndarray:
+    """One .npy member, never unpickled; with ``into`` its data is read straight into that (C-contiguous)
+    array, whose shape and dtype it must have. The member's CRC is checked (zipfile raises at its end)."""
+    with zf.open(info) as fp:
+        version = np.lib.format.read_magic(fp)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fp)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fp)
+        else:
+            raise _LoadError(f"{what}: unsupported .npy version {version}")
+        if dtype.hasobject or dtype.kind not in "biufc" or fortran:
+            raise _LoadError(f"{what}: holds {dtype} data{' in Fortran order' if fortran else ''}; perx stores "
+                             f"only C-ordered numbers (and never unpickles)")
+        if into is not None:
+            if shape != into.shape or dtype != into.dtype:
+                raise _LoadError(f"{what}: saved {dtype}{shape} does not match the field's {into.dtype}{into.shape}")
+            out = into
+        else:
+            count = int(np.prod(shape, dtype=np.int64))
+            if count * dtype.itemsize > info.file_size:
+                raise _LoadError(f"{what}: declares {dtype}{shape}, more than the member holds")
+            out = np.empty(shape, dtype)
+        view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(bytearray())
+        got = 0
+        while got < len(view):  # in chunks, so a large field never has a second copy in memory
+            n = fp.readinto(view[got : got + _CHUNK])
+            if not n:
+                break
+            got += n
+        if got != out.nbytes or fp.read(1):  # reading to the end also makes zipfile check the CRC
+            raise _LoadError(f"{what}: the member is truncated or has trailing bytes")
+    return out
+
+
+_CHUNK = 1 << 24
+
+
+def _parse_meta(meta: dict) -> tuple[int, int, dict | None, Sampler]:
+    from perx.samplers.base import check_int
+
+    capacity = check_int(meta.get("capacity"), "capacity", 1, 2**62)
+    next_id = check_int(meta.get("next_id"), "next_id", 0, 2**62)
+    raw_spec = meta.get("spec")
+    if raw_spec is None:
+        spec = None
+        if next_id != 0:
+            raise _LoadError(f"next_id {next_id} with no fields")
+    else:
+        if not isinstance(raw_spec, dict) or not raw_spec:
+            raise _LoadError(f"spec: expected a dict of fields, got {str(raw_spec)[:80]}")
+        spec = {}
+        for name, item in raw_spec.items():
+            try:
+                spec[name] = FieldSpec.from_json(item)
+            except (TypeError, ValueError, IndexError) as err:
+                raise _LoadError(f"spec[{name!r}]: {str(item)[:80]} ({err})") from None
+            if any(d < 0 for d in spec[name].shape) or spec[name].dtype.kind not in "biufc":
+                raise _LoadError(f"spec[{name!r}]: invalid shape or dtype {str(item)[:80]}")
+    info = meta.get("sampler")
+    if not isinstance(info, dict) or not isinstance(info.get("config"), dict) or not isinstance(info.get("name"), str):
+        raise _LoadError("sampler: expected {name, config, state}")
+    sampler_cls = Sampler.registry.get(info["name"])
+    if sampler_cls is None:
+        raise _LoadError(f"sampler: unknown sampler {info['name']!r}; known: {sorted(Sampler.registry)}")
+    try:
+        sampler = sampler_cls(**info["config"])
+    except (TypeError, ValueError) as err:
+        raise _LoadError(f"sampler config {str(info['config'])[:120]}: {err}") from None
+    return capacity, next_id, spec, sampler
 
 
 def _check_beta(beta: object) -> float:

@@ -16,11 +16,56 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perx._validation import _short, check_capacity
+from perx._validation import _short, check_capacity, to_numpy
 
-#: How values are cast into a field: numpy's ``same_kind`` rule. float64 -> float32 and int -> float
-#: are accepted; float -> int, int -> bool and str -> anything are refused.
+#: How values are cast into a field: numpy's ``same_kind`` rule, plus a range check. float64 ->
+#: float32, int -> float and int -> any int type (signed or unsigned) are accepted; float -> int,
+#: int -> bool and str -> anything are refused; a value that the narrowing cast would change (300
+#: into int8, -1 into uint8, 1e39 into float32) is refused too, so nothing is stored wrapped or overflowed.
 CASTING = "same_kind"
+
+# How a source dtype is checked on its way into a field (see _cast_rule).
+_SAFE, _INT_RANGE, _FLOAT_RANGE = 0, 1, 2
+
+
+def _cast_rule(src: np.dtype, dst: np.dtype) -> int | None:
+    """None if ``src`` may not be cast into ``dst``; else which value check the cast needs."""
+    if np.can_cast(src, dst, "safe"):
+        return _SAFE
+    if src.kind in "iu" and dst.kind in "iu":
+        return _INT_RANGE  # any integer into any integer type, signed or not, if the values fit
+    if not np.can_cast(src, dst, CASTING):
+        return None
+    if dst.kind in "fc":
+        return _FLOAT_RANGE  # a finite value must stay finite (float64 -> float32, int64 -> float16)
+    return _SAFE
+
+
+def _out_of_range(arr: np.ndarray, rule: int, dst: np.dtype) -> tuple[np.ndarray | None, object]:
+    """(the array cast into ``dst`` or None, the first value that does not fit or None)."""
+    if rule == _INT_RANGE:
+        if arr.size == 0:
+            return None, None
+        info = np.iinfo(dst)
+        lo, hi = arr.min(), arr.max()
+        if lo < info.min or hi > info.max:
+            return None, (lo if lo < info.min else hi)
+        return None, None
+    with np.errstate(over="ignore", invalid="ignore"):
+        cast = arr.astype(dst)
+    if np.isfinite(cast).all():
+        return cast, None
+    bad = np.isfinite(arr) & ~np.isfinite(cast)
+    return (cast, arr[bad].flat[0]) if bad.any() else (cast, None)
+
+
+def _wrapped(value: object, dtype: np.dtype) -> str:
+    with np.errstate(over="ignore", invalid="ignore"):
+        return repr(np.array(value).astype(dtype).item())
+
+
+def _nbytes(capacity: int, spec: Mapping) -> int:
+    return sum(capacity * int(np.prod(f.shape, dtype=np.int64)) * f.dtype.itemsize for f in spec.values())
 
 
 @dataclass(frozen=True)
@@ -58,6 +103,17 @@ def _parse_spec(spec: Mapping) -> dict[str, FieldSpec]:
     return out
 
 
+def _as_array(value: object, name: str) -> np.ndarray:
+    try:
+        arr = to_numpy(value)
+    except (ValueError, TypeError, RuntimeError) as err:
+        raise ValueError(f"{name}: cannot make an array of {_short(value)}: {err}") from None
+    if arr.dtype == object:
+        raise ValueError(f"{name}: cannot store {_short(value)}: numpy made an object array of it (ragged "
+                         f"rows, Python objects, or an integer beyond 64 bits); give equal-length rows of numbers")
+    return arr
+
+
 class Storage:
     """Preallocated circular store of named fields (any shapes and numeric/bool dtypes).
 
@@ -72,30 +128,40 @@ class Storage:
         self.next_id = 0
         self.spec: dict[str, FieldSpec] | None = None
         self.data: dict[str, np.ndarray] = {}
-        self._castable: dict[str, set[np.dtype]] = {}
+        self._castable: dict[str, dict[np.dtype, int]] = {}
+        #: True when the first add/extend chose the dtypes (used to explain a later cast error).
+        self.inferred = False
         if spec is not None:
             self._allocate(_parse_spec(spec))
 
     def __len__(self) -> int:
         return min(self.next_id, self.capacity)
 
-    def _allocate(self, spec: dict[str, FieldSpec]) -> None:
-        self.spec = spec
-        self.data = {name: np.zeros((self.capacity, *f.shape), f.dtype) for name, f in spec.items()}
-        # Source dtypes already known to cast safely into each field (np.can_cast costs ~0.4 us).
-        self._castable = {name: {f.dtype} for name, f in spec.items()}
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the field arrays (0 before the layout is fixed)."""
+        return sum(arr.nbytes for arr in self.data.values())
 
-    @staticmethod
-    def _learn_cast(castable: set, src: np.dtype, dst: np.dtype) -> bool:
-        ok = bool(np.can_cast(src, dst, CASTING))
-        if ok:
-            castable.add(src)
-        return ok
+    def _allocate(self, spec: dict[str, FieldSpec]) -> None:
+        # Allocate everything before publishing the spec, so a failure leaves the storage as it was.
+        try:
+            data = {name: np.zeros((self.capacity, *f.shape), f.dtype) for name, f in spec.items()}
+        except (MemoryError, ValueError) as err:
+            raise MemoryError(
+                f"capacity: cannot allocate {self.capacity} transitions of "
+                f"{_nbytes(1, spec)} bytes each ({_nbytes(self.capacity, spec) / 2**30:.3g} GiB) for the fields "
+                f"{sorted(spec)}: {type(err).__name__}; choose a smaller capacity"
+            ) from None
+        self.spec = spec
+        self.data = data
+        # Source dtypes already known to cast into each field, with the value check each needs
+        # (np.can_cast costs ~0.4 us, so the rule is worked out once per source dtype).
+        self._castable = {name: {f.dtype: _SAFE} for name, f in spec.items()}
 
     def _infer_spec(self, fields: Mapping, batched: bool) -> dict[str, FieldSpec]:
         spec = {}
         for name, value in fields.items():
-            arr = np.asarray(value)
+            arr = _as_array(value, name)
             if batched:
                 if arr.ndim == 0:
                     raise ValueError(
@@ -125,7 +191,7 @@ class Storage:
         new_spec = None
         if spec is None:
             spec = new_spec = self._infer_spec(fields, batched)
-        castable = self._castable if new_spec is None else {n: {f.dtype} for n, f in spec.items()}
+        castable = self._castable if new_spec is None else {n: {f.dtype: _SAFE} for n, f in spec.items()}
         if fields.keys() != spec.keys():
             missing = sorted(spec.keys() - fields.keys())
             extra = sorted(fields.keys() - spec.keys())
@@ -134,12 +200,17 @@ class Storage:
         rows = -1
         for name, f in spec.items():
             value = fields[name]
-            arr = value if type(value) is np.ndarray else np.asarray(value)
-            if arr.dtype not in castable[name] and not self._learn_cast(castable[name], arr.dtype, f.dtype):
-                raise TypeError(
-                    f"{name}: cannot cast dtype {arr.dtype} to the field's {f.dtype} safely "
-                    f"(rule {CASTING!r}); got {_short(value)}"
-                )
+            arr = value if type(value) is np.ndarray else _as_array(value, name)
+            rules = castable[name]
+            rule = rules.get(arr.dtype)
+            if rule is None:
+                rule = _cast_rule(arr.dtype, f.dtype)
+                if rule is None:
+                    raise TypeError(
+                        f"{name}: cannot cast dtype {arr.dtype} to the field's {f.dtype} safely "
+                        f"(rule {CASTING!r}); got {_short(value)}{self._origin(name, f)}"
+                    )
+                rules[arr.dtype] = rule
             if batched:
                 if arr.ndim == 0 or arr.shape[1:] != f.shape:
                     raise ValueError(
@@ -152,14 +223,30 @@ class Storage:
                     raise ValueError(f"{name}: has {arr.shape[0]} rows but other fields have {rows}")
             elif arr.shape != f.shape:
                 raise ValueError(f"{name}: expected shape {f.shape}, got {arr.shape}")
+            if rule != _SAFE:
+                cast, bad = _out_of_range(arr, rule, f.dtype)
+                if bad is not None:
+                    raise ValueError(
+                        f"{name}: the value {bad!r} does not fit the field's dtype {f.dtype} "
+                        f"(it would be stored as {_wrapped(bad, f.dtype)}){self._origin(name, f)}"
+                    )
+                if cast is not None:
+                    arr = cast
             out[name] = arr
         return out, (rows if batched else 1), new_spec
+
+    def _origin(self, name: str, f: FieldSpec) -> str:
+        if not self.inferred:
+            return ""
+        return (f". The field's dtype {f.dtype} was inferred from the first add/extend; to choose it, "
+                f"pass spec={{{name!r}: ({f.shape}, <dtype>), ...}} to ReplayBuffer")
 
     def write(self, arrays: dict[str, np.ndarray], rows: int, new_spec: dict | None, *, batched: bool
               ) -> tuple[np.ndarray, np.ndarray]:
         """Write what ``prepare`` returned. Returns (ids [rows], slots actually written [<= capacity])."""
         if new_spec is not None:
             self._allocate(new_spec)
+            self.inferred = True
         cap = self.capacity
         start = self.next_id
         if not batched:

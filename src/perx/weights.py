@@ -31,13 +31,24 @@ def importance_weights(probabilities, size: int, beta: float, *, normalize: str 
         raise ValueError(f"size: must be > 0, got {size!r}")
     if p.size and (not np.isfinite(p).all() or p.min() <= 0 or p.max() > 1):
         raise ValueError(f"probabilities: must lie in (0, 1], got {p!r}")
-    w = (size * p) ** -beta
+    if normalize is None:
+        return _power_ratio(p, 1.0 / size, beta)
     if normalize == "batch":
-        return w / w.max()
-    if normalize == "buffer":
-        if min_probability is None:
-            raise ValueError("min_probability: required with normalize='buffer', got None")
-        if not 0 < min_probability <= 1:
-            raise ValueError(f"min_probability: must lie in (0, 1], got {min_probability!r}")
-        return w / (size * min_probability) ** -beta
+        return _power_ratio(p, p.min(), beta) if p.size else p.copy()
+    if min_probability is None:
+        raise ValueError("min_probability: required with normalize='buffer', got None")
+    if not 0 < min_probability <= 1:
+        raise ValueError(f"min_probability: must lie in (0, 1], got {min_probability!r}")
+    return _power_ratio(p, min_probability, beta)
+
+
+def _power_ratio(p: np.ndarray, ref: float, beta: float) -> np.ndarray:
+    """(p / ref)^-beta = (N p)^-beta / (N ref)^-beta; in log space where the ratio over- or underflows
+    (probabilities spanning more than ~308 orders of magnitude), so the weight is exact, not 0 or NaN."""
+    with np.errstate(over="ignore", under="ignore", divide="ignore"):
+        ratio = p / ref
+        w = ratio**-beta
+        bad = ~np.isfinite(ratio) | (ratio < np.finfo(np.float64).tiny)
+        if bad.any():
+            w[bad] = np.exp(-beta * (np.log(p[bad]) - np.log(ref)))
     return w

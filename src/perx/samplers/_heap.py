@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from perx.samplers.base import check_update
+from perx.samplers.base import check_update, ids_of_slots
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -154,6 +154,40 @@ def full_sort(keys: np.ndarray, ids: np.ndarray, pos: np.ndarray, size: int, cap
     keys[:size] = keys[:size][order]
     ids[:size] = ids[:size][order]
     pos[ids[:size] % capacity] = np.arange(size)
+
+
+def _check_live_ids(ids: np.ndarray, size: int, next_id: int, what: str) -> None:
+    live = np.arange(next_id - size, next_id, dtype=np.int64)
+    if not np.array_equal(np.sort(ids), live):
+        raise ValueError(f"ids: the {what} must hold exactly the live ids {next_id - size}..{next_id - 1}")
+
+
+def _check_keys(keys: np.ndarray) -> None:
+    bad = ~(keys >= 0.0)  # catches NaN and negatives; +inf (not yet replayed) is allowed
+    if bad.any():
+        raise ValueError(f"keys: must be >= 0 (or +inf), got {keys[bad][0]!r}")
+
+
+def check_heap(keys: np.ndarray, ids: np.ndarray, pos: np.ndarray, size: int, next_id: int,
+               capacity: int) -> None:
+    """Raise ValueError unless the arrays form a valid heap of the ``size`` live transitions: positions
+    in range and inverse to the ids, ids exactly the live ids, keys valid, heap order. O(N log N)."""
+    if (pos[size:] != -1).any() or (size and (pos[:size].min() < 0 or pos[:size].max() >= size)):
+        raise ValueError(f"pos: heap positions must lie in [0, {size}) for the stored slots and be -1 elsewhere")
+    _check_live_ids(ids[:size], size, next_id, "heap")
+    _check_keys(keys[:size])
+    if not is_heap(keys, ids, pos, size, capacity):
+        raise ValueError("keys/pos: the saved arrays are not a heap in (key descending, id ascending) order")
+
+
+def check_slots(keys: np.ndarray, ids: np.ndarray, pos: np.ndarray, size: int, next_id: int,
+                capacity: int) -> None:
+    """The per-slot layout of RankBased(exact=True): ids[s] the id in slot s, pos[s] 0 (stored) or -1."""
+    if (pos[:size] != 0).any() or (pos[size:] != -1).any():
+        raise ValueError(f"pos: must be 0 for the {size} stored slots and -1 elsewhere")
+    if size and not np.array_equal(ids[:size], ids_of_slots(np.arange(size, dtype=np.int64), next_id, capacity)):
+        raise ValueError("ids: each stored slot must hold the live id that lives there")
+    _check_keys(keys[:size])
 
 
 def is_heap(keys: np.ndarray, ids: np.ndarray, pos: np.ndarray, size: int, capacity: int) -> bool:

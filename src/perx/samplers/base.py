@@ -111,8 +111,12 @@ class Sampler:
     def _bind(self, capacity: int) -> None:
         if self.capacity is not None:
             raise ValueError(f"sampler: {self!r} is already bound to a buffer; create a new sampler")
+        try:
+            self._allocate(capacity)
+        except (MemoryError, ValueError) as err:
+            raise MemoryError(f"capacity: cannot allocate {type(self).__name__}'s arrays for capacity={capacity} "
+                              f"({type(err).__name__}: {err}); choose a smaller capacity") from None
         self.capacity = capacity
-        self._allocate(capacity)
 
     def _allocate(self, capacity: int) -> None:
         pass
@@ -149,25 +153,98 @@ class Sampler:
         """
         raise NotImplementedError
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the sampler's numpy arrays (Python-level structures, if any, are not counted)."""
+        return sum(arr.nbytes for arr in self.state_dict()[1].values())
+
     # -- state -----------------------------------------------------------------------------------
     def state_dict(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        """(JSON-able metadata, arrays) that restore this sampler exactly, RNG included."""
-        state = self._rng.bit_generator.state
-        return {"rng": state}, {}
+        """(JSON-able metadata, arrays) that restore this sampler exactly, RNG included.
 
-    def load_state_dict(self, meta: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-        rng_state = meta["rng"]
-        bit_generator = getattr(np.random, rng_state["bit_generator"])()
-        bit_generator.state = rng_state
-        self._rng = np.random.Generator(bit_generator)
+        Only primary state is saved; what can be derived (trees from priorities, sorted orders) is
+        rebuilt by :meth:`load_state_dict`, so a file cannot smuggle in inconsistent structures.
+        """
+        return {"rng": _jsonable(self._rng.bit_generator.state)}, {}
+
+    def load_state_dict(self, meta: dict[str, Any], arrays: dict[str, np.ndarray], *, size: int,
+                        next_id: int) -> None:
+        """Restore a bound sampler from :meth:`state_dict`'s output, for a buffer holding ``size``
+        transitions with ``next_id`` ever added. Untrusted input: every value is checked (types,
+        shapes, ranges, invariants, consistency with ``size`` and ``next_id``) before anything is
+        kept; ValueError names what is wrong. Subclasses check their own state, then call this."""
+        expected_meta, expected_arrays = self.state_dict()
+        check_keys(meta, expected_meta, "sampler state")
+        check_keys(arrays, expected_arrays, "sampler arrays")
+        for name, arr in expected_arrays.items():
+            check_array(arrays[name], name, arr.shape, arr.dtype)
+        self._rng = restore_rng(meta["rng"])
 
 
-def restore(target: np.ndarray, arrays: dict[str, np.ndarray], name: str) -> None:
-    """Copy a saved array into ``target`` in place, refusing a shape that does not match."""
-    saved = arrays[name]
-    if saved.shape != target.shape:
-        raise ValueError(f"{name}: saved shape {saved.shape} != expected {target.shape}")
-    target[:] = saved
+#: Bit generators a saved state may name; anything else is refused (``getattr(np.random, name)``
+#: would reach functions such as ``np.random.seed`` and change global state).
+BIT_GENERATORS = {cls.__name__: cls for cls in (np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937,
+                                                  np.random.Philox, np.random.SFC64)}
+
+
+def restore_rng(state: object) -> np.random.Generator:
+    """A new Generator from a saved ``bit_generator.state`` dict; ValueError for anything else."""
+    name = state.get("bit_generator") if isinstance(state, dict) else None
+    cls = BIT_GENERATORS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(f"rng: bit_generator must be one of {sorted(BIT_GENERATORS)}, got {_short(name)}")
+    bit_generator = cls()
+    try:
+        bit_generator.state = _from_jsonable(state)
+    except (TypeError, ValueError, KeyError, OverflowError) as err:
+        raise ValueError(f"rng: not a valid {name} state ({type(err).__name__}: {err})") from None
+    return np.random.Generator(bit_generator)
+
+
+def _jsonable(obj: Any) -> Any:
+    """Bit generator states hold numpy arrays (Philox, MT19937): stored as tagged lists in JSON."""
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, np.ndarray):
+        return {"ndarray": obj.tolist(), "dtype": obj.dtype.str}
+    if isinstance(obj, np.integer):
+        return int(obj)
+    return obj
+
+
+def _from_jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        if obj.keys() == {"ndarray", "dtype"}:
+            dtype = np.dtype(obj["dtype"])
+            if dtype.kind not in "iu":
+                raise ValueError(f"a bit generator state holds integers, not {dtype}")
+            return np.array(obj["ndarray"], dtype=dtype)
+        return {k: _from_jsonable(v) for k, v in obj.items()}
+    return obj
+
+
+def check_keys(found: object, expected: dict, what: str) -> None:
+    """``found`` must be a dict with exactly the keys of ``expected``."""
+    if not isinstance(found, dict):
+        raise ValueError(f"{what}: expected a dict, got {_short(found)}")
+    if found.keys() != expected.keys():
+        missing = sorted(expected.keys() - found.keys())
+        extra = sorted(found.keys() - expected.keys())
+        raise ValueError(f"{what}: missing {missing}, unexpected {extra}")
+
+
+def check_array(arr: object, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    if not isinstance(arr, np.ndarray) or arr.shape != shape or arr.dtype != dtype:
+        found = f"{arr.dtype}{arr.shape}" if isinstance(arr, np.ndarray) else _short(arr)
+        raise ValueError(f"{name}: expected {np.dtype(dtype)}{shape}, got {found}")
+    return arr
+
+
+def check_int(value: object, name: str, low: int, high: int) -> int:
+    """An int (not a bool) in [low, high]; ValueError otherwise (for untrusted saved state)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not low <= value <= high:
+        raise ValueError(f"{name}: expected an int in [{low}, {high}], got {_short(value)}")
+    return int(value)
 
 
 def check_sampler(sampler: object) -> Sampler:

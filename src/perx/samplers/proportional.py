@@ -18,11 +18,16 @@ import numpy as np
 from numba import njit
 
 from perx._validation import check_bool, check_choice, check_real
-from perx.samplers.base import Sampler, check_update, raise_bad_update, restore
-from perx.trees import MaxTree, MinTree, SumTree, _propagate, find_prefix, leaf_count
+from perx.samplers.base import Sampler, check_update, raise_bad_update
+from perx.trees import MaxTree, MinTree, SumTree, _propagate, _rebuild, find_prefix, leaf_count
 
-#: New transitions get this priority before any priority has been seen (000 Alg. 1 line 2: p_1 = 1).
+#: New transitions get this priority before any priority has been seen (000 Alg. 1 line 2: p_1 = 1),
+#: or the priority floor max(eps, min_priority) if that is larger (LAP with kappa > 1).
 INITIAL_PRIORITY = 1.0
+#: Masses are capped so that the sum of all leaves stays finite: each mass <= MAX_TOTAL / L (L leaves).
+MAX_TOTAL = 2.0**1023
+#: Kernel return code: a priority whose mass p**alpha exceeds the cap.
+BAD_MASS = -3
 
 
 @njit(cache=True, nogil=True)
@@ -55,6 +60,17 @@ def _propagate_sum_min(nodes, leaf_base, slots, count):
             c = nodes[k + 1, 1]
             nodes[p, 1] = a if a <= c else c
         width >>= 1
+
+
+@njit(cache=True, nogil=True)
+def _weight(mass, ref, beta):
+    """(mass / ref)^-beta, the normalised IS weight (000 Sec. 3.4); ref <= mass. The ratio can overflow
+    when masses span more than ~308 orders of magnitude although the weight itself is representable:
+    then it is computed in log space."""
+    r = mass / ref
+    if r < np.inf:
+        return r**-beta
+    return np.exp(-beta * (np.log(mass) - np.log(ref)))
 
 
 @njit(cache=True, nogil=True)
@@ -92,7 +108,7 @@ def _sample(nodes, leaf_base, u, stratified, beta, batch_norm, use_weights, next
         # or within the batch).
         ref = min_mass if batch_norm else nodes[1, 1]
         for b in range(n):
-            weights[b] = (weights[b] / ref) ** -beta
+            weights[b] = _weight(weights[b], ref, beta)
     else:
         for b in range(n):
             weights[b] = 1.0
@@ -100,13 +116,27 @@ def _sample(nodes, leaf_base, u, stratified, beta, batch_norm, use_weights, next
 
 
 @njit(cache=True, nogil=True)
+def _priority(v, raw, eps, floor):
+    if raw:
+        return v
+    p = abs(v) + eps
+    return floor if p < floor else p
+
+
+@njit(cache=True, nogil=True)
 def _update(nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
-            raw, eps, floor, alpha, state, track_max):
+            raw, eps, floor, alpha, state, track_max, max_mass):
     n = ids.shape[0]
     # Pass 1 validates everything, pass 2 writes: a refused update leaves every array untouched.
     code = check_update(ids, values, next_id, capacity, raw)
     if code < 0:
         return code
+    masses = np.empty(n)
+    for b in range(n):
+        m = _mass(_priority(values[b], raw, eps, floor), alpha)
+        if not m <= max_mass:
+            return BAD_MASS
+        masses[b] = m
     oldest = next_id - capacity
     slots = np.empty(n, np.int64)
     count = 0
@@ -115,13 +145,8 @@ def _update(nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
         if i < oldest:
             continue  # stale: the slot now holds a newer transition
         s = i % capacity
-        if raw:
-            p = values[b]
-        else:
-            p = abs(values[b]) + eps
-            if p < floor:
-                p = floor
-        m = _mass(p, alpha)
+        p = _priority(values[b], raw, eps, floor)
+        m = masses[b]
         prio[s] = p
         nodes[leaf_base + s, 0] = m
         nodes[leaf_base + s, 1] = m if m > 0.0 else np.inf
@@ -140,7 +165,7 @@ def _update(nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
 
 
 @njit(cache=True, nogil=True)
-def _add(nodes, max_nodes, prio, leaf_base, slots, alpha, state, track_max):
+def _add(nodes, max_nodes, prio, leaf_base, slots, alpha, state, track_max, initial, floor):
     n = slots.shape[0]
     if track_max:
         # In-buffer maximum over the transitions that stay: clear the overwritten slots first.
@@ -148,8 +173,10 @@ def _add(nodes, max_nodes, prio, leaf_base, slots, alpha, state, track_max):
             max_nodes[leaf_base + slots[b]] = -np.inf
         _propagate(max_nodes, leaf_base, slots, n, 2)
         p = max_nodes[1]
-        if p == -np.inf:
-            p = 1.0
+        if p == -np.inf:  # nothing else stored
+            p = initial
+        elif p < floor:  # only raw priorities set below the floor remain
+            p = floor
     else:
         p = state[0]
     m = _mass(p, alpha)
@@ -179,10 +206,11 @@ class Proportional(Sampler):
         normalize: IS weights divided by the buffer-wide maximum weight, from the min tree
             (``"buffer"``, default, 000 Sec. 3.4), or by the maximum within the batch (``"batch"``).
         max_priority: priority given to new transitions. ``"historical"`` (default): the largest
-            priority ever assigned, starting at 1 (000 Alg. 1 line 2), as in Dopamine and the
+            priority ever assigned, starting at 1 (000 Alg. 1 line 2; see below), as in Dopamine and the
             LAP/PAL reference code; it never decreases. ``"buffer"``: the largest priority among the
             transitions currently stored (a literal reading of Alg. 1 line 6), kept in a max tree
-            at the cost of a third tree update per write; 1 when the buffer is empty.
+            at the cost of a third tree update per write; the initial priority when the buffer is empty.
+            The initial priority is max(1, eps, min_priority): never below the priority floor.
         min_priority: floor of the priority, p = max(|delta| + eps, min_priority): LAP's kappa
             (004 eq. 9 and 30); 0 for PER.
         importance_sampling: return IS weights (PER); ``False`` returns weights of 1 whatever beta
@@ -207,7 +235,10 @@ class Proportional(Sampler):
         self.stratified = check_bool(stratified, "stratified")
         self.normalize = check_choice(normalize, "normalize", ("buffer", "batch"))
         self.max_priority_mode = check_choice(max_priority, "max_priority", ("historical", "buffer"))
-        self._state = np.array([INITIAL_PRIORITY])
+        #: The smallest priority an update can produce, and the priority of the first transitions.
+        self.floor = max(self.eps, self.min_priority)
+        self.initial_priority = max(INITIAL_PRIORITY, self.floor)
+        self._state = np.array([self.initial_priority])
 
     def config(self):
         return {"alpha": self.alpha, "eps": self.eps, "stratified": self.stratified,
@@ -215,9 +246,15 @@ class Proportional(Sampler):
                 "min_priority": self.min_priority, "importance_sampling": self.importance_sampling}
 
     def _allocate(self, capacity):
+        leaves = leaf_count(capacity)
+        #: The largest mass p**alpha a transition may have: L of them still sum to a finite float64.
+        self.max_mass = MAX_TOTAL / leaves
+        if not _mass(self.initial_priority, self.alpha) <= self.max_mass:
+            raise ValueError(f"min_priority/eps: the initial priority {self.initial_priority!r} ** alpha "
+                             f"exceeds the largest mass {self.max_mass:.3g} for capacity {capacity}")
         # The sum tree and the min tree are interleaved: row k of `_nodes` is [sum_k, min_k], so an
         # update's min-tree path shares cache lines with the sum-tree path the sample just walked.
-        self._nodes = np.empty((2 * leaf_count(capacity), 2))
+        self._nodes = np.empty((2 * leaves, 2))
         self._nodes[:, 0] = 0.0
         self._nodes[:, 1] = np.inf
         self.sum_tree = SumTree(capacity, nodes=self._nodes[:, 0])
@@ -227,14 +264,27 @@ class Proportional(Sampler):
         self.max_tree = MaxTree(capacity if track else 1)
         self._track_max = track
         self._priority = np.zeros(capacity)
-        self._leaf_base = leaf_count(capacity)
+        self._leaf_base = leaves
+
+    @property
+    def max_accepted_priority(self) -> float:
+        """The largest priority an update may produce: its mass p**alpha is at most ``max_mass``
+        (float64 max / 2 / number of leaves), so the sum of all masses cannot overflow. inf for
+        alpha = 0. Larger priorities are refused with a ValueError."""
+        if self.alpha == 0.0:
+            return np.inf
+        with np.errstate(over="ignore"):
+            p = min(float(np.float64(self.max_mass) ** (1.0 / self.alpha)), float(np.finfo(np.float64).max))
+        while not _mass(p, self.alpha) <= self.max_mass:  # pow rounding: step down to the last one accepted
+            p = np.nextafter(p, 0.0)
+        return float(p)
 
     @property
     def max_priority(self) -> float:
         """Priority the next new transition will get (raw domain, before alpha)."""
         if self._track_max:
             m = self.max_tree.max
-            return INITIAL_PRIORITY if m == -np.inf else m
+            return self.initial_priority if m == -np.inf else max(m, self.floor)
         return float(self._state[0])
 
     def priority(self, td_errors) -> np.ndarray:
@@ -247,15 +297,23 @@ class Proportional(Sampler):
         return self._priority[slots]
 
     def on_add(self, slots, ids):
-        _add(self._nodes, self.max_tree.nodes, self._priority,
-             self._leaf_base, slots, self.alpha, self._state, self._track_max)
+        _add(self._nodes, self.max_tree.nodes, self._priority, self._leaf_base, slots, self.alpha,
+             self._state, self._track_max, self.initial_priority, self.floor)
+
+    def _no_mass(self, size: int, what: str) -> ValueError:
+        largest = float(self._priority[:size].max())
+        if largest > 0.0:
+            return ValueError(
+                f"{what}: every stored transition's mass p**alpha is 0: the priorities underflow "
+                f"(largest stored priority {largest!r} ** alpha={self.alpha} rounds to 0 in float64); "
+                f"use a smaller alpha, eps > 0, or larger priorities"
+            )
+        return ValueError(f"{what}: every stored transition has priority 0, so no probability can be formed "
+                          f"(use eps > 0, or set a positive priority)")
 
     def sample(self, batch_size, beta, size, next_id):
         if not self._nodes[1, 0] > 0.0:
-            raise ValueError(
-                "sample: every stored transition has priority 0, so no probability can be formed "
-                "(use eps > 0, or set a positive priority)"
-            )
+            raise self._no_mass(size, "sample")
         u = self._rng.random(batch_size)
         return _sample(self._nodes, self._leaf_base, u, self.stratified,
                        beta, self.normalize == "batch", self.importance_sampling, next_id, self.capacity)
@@ -263,26 +321,87 @@ class Proportional(Sampler):
     def update(self, ids, values, next_id, *, raw):
         count = _update(self._nodes, self.max_tree.nodes, self._priority,
                         self._leaf_base, ids, values, next_id, self.capacity, raw, self.eps,
-                        self.min_priority, self.alpha, self._state, self._track_max)
+                        self.min_priority, self.alpha, self._state, self._track_max, self.max_mass)
+        if count == BAD_MASS:
+            p = self.priority(values) if not raw else values
+            pos = int(np.flatnonzero(~(p <= self.max_accepted_priority))[0])
+            with np.errstate(over="ignore"):
+                mass = float(np.float64(p[pos]) ** self.alpha)
+            raise ValueError(
+                f"{'priorities' if raw else 'td_errors'}: the value {values[pos]!r} at position {pos} gives "
+                f"priority {p[pos]!r} and mass p**alpha = {mass!r} (alpha={self.alpha}), above "
+                f"the largest mass {self.max_mass:.4g} for which the sum of {self._leaf_base} leaves stays "
+                f"finite in float64; the largest accepted priority is {self.max_accepted_priority!r}"
+            )
         if count < 0:
             raise_bad_update(count, ids, values, next_id, raw)
         return count
 
     def probabilities(self, slots, size, batch_size=None):
-        return self._nodes[self._leaf_base + slots, 0] / self._nodes[1, 0]
+        total = self._nodes[1, 0]
+        if not total > 0.0:
+            raise self._no_mass(size, "probabilities")
+        return self._nodes[self._leaf_base + slots, 0] / total
 
     def state_dict(self):
+        # The trees are derived state: only the raw priorities are saved, and load rebuilds the trees.
         meta, arrays = super().state_dict()
         meta["max_priority"] = float(self._state[0])
-        arrays.update(nodes=self._nodes, max_nodes=self.max_tree.nodes, priority=self._priority)
+        arrays["priority"] = self._priority
         return meta, arrays
 
-    def load_state_dict(self, meta, arrays):
-        super().load_state_dict(meta, arrays)
-        self._state[0] = float(meta["max_priority"])
-        restore(self._nodes, arrays, "nodes")
-        restore(self.max_tree.nodes, arrays, "max_nodes")
-        restore(self._priority, arrays, "priority")
+    @property
+    def nbytes(self) -> int:
+        return self._nodes.nbytes + self.max_tree.nodes.nbytes + self._priority.nbytes + self._state.nbytes
+
+    def load_state_dict(self, meta, arrays, *, size, next_id):
+        super().load_state_dict(meta, arrays, size=size, next_id=next_id)
+        prio = arrays["priority"]
+        stored = prio[:size]
+        bad = ~np.isfinite(stored) | (stored < 0.0)
+        if bad.any():
+            pos = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"priority: slot {pos} holds {stored[pos]!r}; saved priorities must be finite and >= 0")
+        if (prio[size:] != 0.0).any():
+            pos = size + int(np.flatnonzero(prio[size:] != 0.0)[0])
+            raise ValueError(f"priority: slot {pos} was never written (size {size}) but holds {prio[pos]!r}")
+        largest = float(stored.max()) if size else 0.0
+        if largest > self.max_accepted_priority:
+            raise ValueError(f"priority: {largest!r} is above the largest accepted priority "
+                             f"{self.max_accepted_priority!r}")
+        top = meta["max_priority"]
+        if not isinstance(top, float) or not self.initial_priority <= top <= self.max_accepted_priority \
+                or top < largest:
+            raise ValueError(f"max_priority: {top!r} must be a float in [{self.initial_priority!r}, "
+                             f"{self.max_accepted_priority!r}] and at least the largest stored priority "
+                             f"{largest!r}")
+        self._priority[:] = prio
+        self._state[0] = top
+        _fill_trees(self._nodes, self.max_tree.nodes, self._priority, self._leaf_base, size, self.alpha,
+                    self._track_max)
+
+
+@njit(cache=True, nogil=True)
+def _fill_trees(nodes, max_nodes, prio, leaf_base, size, alpha, track_max):
+    """Leaves from the raw priorities of slots [0, size), then every parent from its children: the same
+    arrays that the incremental updates produce (parents are always recomputed, never adjusted)."""
+    for s in range(leaf_base):
+        if s < size:
+            m = _mass(prio[s], alpha)
+            nodes[leaf_base + s, 0] = m
+            nodes[leaf_base + s, 1] = m if m > 0.0 else np.inf
+        else:
+            nodes[leaf_base + s, 0] = 0.0
+            nodes[leaf_base + s, 1] = np.inf
+    for k in range(leaf_base - 1, 0, -1):
+        nodes[k, 0] = nodes[2 * k, 0] + nodes[2 * k + 1, 0]
+        a = nodes[2 * k, 1]
+        c = nodes[2 * k + 1, 1]
+        nodes[k, 1] = a if a <= c else c
+    if track_max:
+        for s in range(leaf_base):
+            max_nodes[leaf_base + s] = prio[s] if s < size else -np.inf
+        _rebuild(max_nodes, leaf_base, 2)
 
 
 def LAP(alpha: float = 0.4, kappa: float = 1.0, *, stratified: bool = True, max_priority: str = "historical",
@@ -293,7 +412,8 @@ def LAP(alpha: float = 0.4, kappa: float = 1.0, *, stratified: bool = True, max_
     kappa^alpha) and no importance sampling, so it is returned as exactly that configuration of
     :class:`Proportional`: ``eps = 0``, ``min_priority = kappa``, ``importance_sampling = False``. Use it
     with the Huber loss of threshold kappa (``perx.losses.huber``, ``perx.torch.huber``). New
-    transitions get the largest priority seen so far, as in the paper's Appendix D.
+    transitions get the largest priority seen so far, as in the paper's Appendix D, starting at
+    max(1, kappa) so they are never below the floor.
     """
     kappa = check_real(kappa, "kappa", low=0.0, low_open=True)
     return Proportional(alpha, 0.0, stratified=stratified, max_priority=max_priority, min_priority=kappa,

@@ -18,8 +18,8 @@ Two orders:
   * heap mode (default): the rank positions are the positions of an array-based binary max-heap,
     used directly as an approximately sorted array and fully re-sorted every ``sort_every`` priority
     updates (000 App. B.2.1). Updates cost O(log N).
-  * ``exact=True``: a truly sorted order kept in a ``sortedcontainers.SortedList``; O(log N) per update
-    too, with a larger constant (Python-level).
+  * ``exact=True``: a truly sorted order, kept in a compiled list of sorted blocks with a Fenwick tree
+    over the block sizes (:mod:`perx.samplers._ordered`); O(log N + block) per update.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import numpy as np
 from numba import njit
 
 from perx._validation import check_bool, check_choice, check_optional_positive_int, check_real
-from perx.samplers import _heap
-from perx.samplers.base import Sampler, check_update, raise_bad_update, restore
+from perx.samplers import _heap, _ordered
+from perx.samplers.base import Sampler, check_int, check_update, raise_bad_update
 
 #: Reuse cached segment boundaries while N <= N_ref * (1 + SEGMENT_REUSE).
 SEGMENT_REUSE = 0.01
@@ -49,8 +49,11 @@ def rank_segments(n: int, k: int, alpha: float) -> tuple[np.ndarray, np.ndarray]
     Segment j holds every rank position whose probability mass intersects the quantile slice
     [j/k, (j+1)/k): positions ``lo[j] .. hi[j] - 1``. Consecutive segments share the position that
     straddles their common quantile, and a rank heavier than 1/k belongs to several segments, so the
-    piecewise-linear CDF keeps the head of the power law. Every segment holds at least one position;
-    each holds mass between 1/k and 1/k plus its two straddling positions. Cost O(n).
+    piecewise-linear CDF keeps the head of the power law. A quantile that falls on a boundary between
+    two positions (within the rounding of the cumulative sum, e.g. every quantile when alpha = 0 and
+    k divides n) is shared by none. Every segment holds at least one position, every position lies in
+    at least one segment, and each segment holds mass between 1/k and 1/k plus its two straddling
+    positions. Cost O(n).
 
     Returns:
         (lo, hi): int64 [k] each, nondecreasing, ``lo[0] == 0``, ``hi[-1] == n``.
@@ -59,10 +62,23 @@ def rank_segments(n: int, k: int, alpha: float) -> tuple[np.ndarray, np.ndarray]
         raise ValueError(f"n and k: need n >= 1 and k >= 1, got n={n}, k={k}")
     cum = np.concatenate(([0.0], np.cumsum(power_law(n, alpha))))  # cum[m] = mass of positions < m
     cum[-1] = 1.0
-    q = np.arange(k + 1) / k
-    lo = np.searchsorted(cum, q[:-1], side="right") - 1  # the position containing quantile j/k
-    hi = np.searchsorted(cum, q[1:], side="left")  # one past the position containing (j+1)/k
-    return lo.astype(np.int64), hi.astype(np.int64)
+    # The rounding error of a cumulative sum of n terms is below n * 2^-53 (relative to the total 1).
+    tol = 4.0 * n * np.finfo(np.float64).eps
+    q = np.arange(1, k) / k  # the interior quantiles
+    m = np.searchsorted(cum, q, side="left")  # first boundary at or above q, in 1..n
+    snap_up = cum[m] - q <= tol
+    snap_down = ~snap_up & (q - cum[m - 1] <= tol)
+    on_boundary = snap_up | snap_down
+    boundary = np.where(snap_up, m, m - 1)
+    # A straddled quantile: position m - 1 ends the previous segment and starts the next one.
+    end = np.where(on_boundary, boundary, m)
+    start = np.where(on_boundary, boundary, m - 1)
+    lo = np.concatenate(([0], start)).astype(np.int64)
+    hi = np.concatenate((end, [n])).astype(np.int64)
+    # Only reachable when 1/k is within the rounding tolerance (k ~ 1e14 / n): keep segments non-empty.
+    hi = np.minimum(np.maximum(hi, lo + 1), n)
+    lo = np.minimum(lo, hi - 1)
+    return lo, hi
 
 
 def segment_prefix(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -95,7 +111,10 @@ def _segment_draw(lo, hi, cum_inv, seg, u, beta, use_weights, batch_norm, p_min)
         last = j + 1
         while last < k and lo[last] <= h:
             last += 1
-        probs[b] = (cum_inv[last] - cum_inv[first]) / k
+        if last == first + 1:  # in one segment only: exact, not a difference of prefix sums
+            probs[b] = (1.0 / (hi[first] - lo[first])) / k
+        else:
+            probs[b] = (cum_inv[last] - cum_inv[first]) / k
         if probs[b] < smallest:
             smallest = probs[b]
     if use_weights and beta > 0.0:
@@ -115,13 +134,18 @@ def segment_probabilities(lo: np.ndarray, hi: np.ndarray, positions: np.ndarray,
         cum_inv = segment_prefix(lo, hi)
     first = np.searchsorted(hi, positions, side="right")  # first segment with hi > h
     last = np.searchsorted(lo, positions, side="right")  # one past the last segment with lo <= h
-    return (cum_inv[last] - cum_inv[first]) / k
+    # In one segment only: 1 / (k L_j) directly, not as a difference of prefix sums (same operations
+    # as the sampling kernel, so the two agree to the last bit).
+    single = (1.0 / (hi - lo))[np.minimum(first, k - 1)] / k
+    return np.where(last == first + 1, single, (cum_inv[last] - cum_inv[first]) / k)
 
 
 def _smallest_probability(lo: np.ndarray, hi: np.ndarray, cum_inv: np.ndarray) -> float:
     # The per-draw probability is constant between consecutive segment ends, so checking the start
-    # of each such piece finds the minimum over all positions in O(k log k).
+    # of each such piece finds the minimum over all positions in O(k log k). (A segment end equal to
+    # n starts no piece: position n does not exist.)
     starts = np.unique(np.concatenate((lo, hi[:-1])))
+    starts = starts[starts < hi[-1]]
     return float(segment_probabilities(lo, hi, starts, cum_inv).min())
 
 
@@ -139,10 +163,22 @@ class _HeapSampler(Sampler):
         arrays.update(keys=self._keys, ids=self._ids, pos=self._pos, state=self._state)
         return meta, arrays
 
-    def load_state_dict(self, meta, arrays):
-        super().load_state_dict(meta, arrays)
+    #: Largest value the saved count of updates since the last sort may hold.
+    def _max_unsorted(self) -> int:
+        return np.iinfo(np.int64).max
+
+    def load_state_dict(self, meta, arrays, *, size, next_id):
+        super().load_state_dict(meta, arrays, size=size, next_id=next_id)
+        keys, ids, pos, state = (arrays[name] for name in ("keys", "ids", "pos", "state"))
+        if state[0] != size:
+            raise ValueError(f"state: the heap holds {state[0]} entries but the buffer {size} transitions")
+        check_int(state[1], "state[1] (updates since the last sort)", 0, self._max_unsorted())
+        if getattr(self, "exact", False):
+            _heap.check_slots(keys, ids, pos, size, next_id, self.capacity)
+        else:
+            _heap.check_heap(keys, ids, pos, size, next_id, self.capacity)
         for name in ("keys", "ids", "pos", "state"):
-            restore(getattr(self, f"_{name}"), arrays, name)
+            getattr(self, f"_{name}")[:] = arrays[name]
 
 
 class RankBased(_HeapSampler):
@@ -156,7 +192,8 @@ class RankBased(_HeapSampler):
             such as the single-transition updates of the Blind Cliffwalk.
         sort_every: fully re-sort the heap after this many priority updates (heap mode). None means
             ``capacity`` (see docs/rank_based.md for the measured approximation error against it).
-        exact: keep a truly sorted order (``sortedcontainers``) instead of the heap approximation.
+        exact: keep a truly sorted order instead of the heap approximation (about 1.5x the heap's
+            update cost; see docs/rank_based.md).
         normalize: IS weights divided by the largest weight any stored transition could get
             (``"buffer"``, default: it belongs to the lowest-probability ranks, inside the last
             segment) or by the largest in the batch (``"batch"``).
@@ -176,12 +213,8 @@ class RankBased(_HeapSampler):
         self.sort_every = check_optional_positive_int(sort_every, "sort_every")
         self.exact = check_bool(exact, "exact")
         self.normalize = check_choice(normalize, "normalize", ("buffer", "batch"))
-        self._segments: dict[int, tuple[int, np.ndarray]] = {}
-        if exact:
-            try:
-                import sortedcontainers  # noqa: F401
-            except ImportError as err:  # pragma: no cover - depends on the environment
-                raise ImportError("exact=True needs sortedcontainers: pip install 'perx[exact]'") from err
+        #: k -> (N, lo, hi, cum_inv, smallest probability) of the boundaries last computed for k.
+        self._segments: dict[int, tuple] = {}
 
     def config(self):
         return {"alpha": self.alpha, "segments": self.n_segments, "sort_every": self.sort_every,
@@ -190,10 +223,9 @@ class RankBased(_HeapSampler):
     def _allocate(self, capacity):
         super()._allocate(capacity)
         if self.exact:
-            from sortedcontainers import SortedList
-
-            # Entries (-key, id): ascending order = key descending, then id ascending (older first).
-            self._sorted = SortedList()
+            # Per slot: _keys[s], _ids[s], and _pos[s] = 0 (stored) or -1 (empty); the order itself
+            # lives in the sorted list.
+            self._order = _ordered.Ordered(capacity)
 
     @property
     def _sort_every(self) -> int:
@@ -204,16 +236,7 @@ class RankBased(_HeapSampler):
         if not self.exact:
             _heap.heap_add(self._keys, self._ids, self._pos, self._state, slots, ids, self.capacity)
             return
-        # Exact mode keeps keys and ids per slot (pos[slot] >= 0 marks an occupied slot).
-        for s, i in zip(slots.tolist(), ids.tolist(), strict=True):
-            if self._pos[s] >= 0:
-                self._sorted.remove((-float(self._keys[s]), int(self._ids[s])))
-            else:
-                self._state[0] += 1
-            self._pos[s] = 0
-            self._keys[s] = np.inf
-            self._ids[s] = i
-            self._sorted.add((-np.inf, i))
+        _exact_add(self._keys, self._ids, self._pos, self._state, slots, ids, *self._order.arrays)
 
     def update(self, ids, values, next_id, *, raw):
         if not self.exact:
@@ -224,20 +247,10 @@ class RankBased(_HeapSampler):
             if self._state[1] >= self._sort_every:
                 self.sort()
             return count
-        code = check_update(ids, values, next_id, self.capacity, raw)
-        if code < 0:
-            raise_bad_update(code, ids, values, next_id, raw)
-        oldest = next_id - self.capacity
-        cap = self.capacity
-        for i, v in zip(ids.tolist(), values.tolist(), strict=True):
-            if i < oldest:
-                continue
-            s = i % cap
-            self._sorted.remove((-float(self._keys[s]), i))
-            key = v if raw else abs(v)
-            self._keys[s] = key
-            self._sorted.add((-key, i))
-        return code
+        count = _exact_update(self._keys, ids, values, next_id, self.capacity, raw, *self._order.arrays)
+        if count < 0:
+            raise_bad_update(count, ids, values, next_id, raw)
+        return count
 
     def sort(self) -> None:
         """Fully sort the heap array now (heap mode); O(N log N). Called every ``sort_every`` updates."""
@@ -267,15 +280,12 @@ class RankBased(_HeapSampler):
     def _positions_to_ids(self, positions: np.ndarray) -> np.ndarray:
         if not self.exact:
             return self._ids[positions]
-        sl = self._sorted
-        return np.array([sl[h][1] for h in positions.tolist()], np.int64)
+        return self._order.ids_at(positions)
 
     def _positions_of(self, slots: np.ndarray) -> np.ndarray:
         if not self.exact:
             return self._pos[slots]
-        sl = self._sorted
-        keys, ids = self._keys, self._ids
-        return np.array([sl.index((-float(keys[s]), int(ids[s]))) for s in slots.tolist()], np.int64)
+        return self._order.ranks_of(self._keys[slots], self._ids[slots])
 
     def sample(self, batch_size, beta, size, next_id):
         k = batch_size if self.n_segments is None else self.n_segments
@@ -326,13 +336,72 @@ class RankBased(_HeapSampler):
         return self._keys[slots]
 
     # -- state -----------------------------------------------------------------------------------
-    def load_state_dict(self, meta, arrays):
-        super().load_state_dict(meta, arrays)
+    @property
+    def nbytes(self) -> int:
+        return super().nbytes + (self._order.nbytes if self.exact else 0)
+
+    def _max_unsorted(self) -> int:
+        return self._sort_every - 1
+
+    def state_dict(self):
+        meta, arrays = super().state_dict()
+        # The cached boundaries are part of the state (a stretched cache samples differently from a
+        # fresh one); they are saved as (k, N they were computed for) and recomputed on load.
+        meta["segments"] = [[k, cached[0]] for k, cached in self._segments.items()]
+        return meta, arrays
+
+    def load_state_dict(self, meta, arrays, *, size, next_id):
+        super().load_state_dict(meta, arrays, size=size, next_id=next_id)
+        entries = meta["segments"]
+        if not isinstance(entries, list) or len(entries) > max(size, 1):
+            raise ValueError(f"segments: expected a list of at most {max(size, 1)} [k, n] pairs, got "
+                             f"{str(entries)[:80]}")
+        self._segments = {}
+        for entry in entries:
+            if not isinstance(entry, list) or len(entry) != 2:
+                raise ValueError(f"segments: expected [k, n] pairs, got {str(entry)[:80]}")
+            k = check_int(entry[0], "segments: k", 1, max(size, 1))
+            n = check_int(entry[1], "segments: n", k, max(size, 1))
+            if k in self._segments:
+                raise ValueError(f"segments: k={k} appears twice")
+            self.boundaries(n, k)  # not cached yet: computed for exactly this n, and cached
         if self.exact:
-            self._sorted.clear()
-            occupied = np.flatnonzero(self._pos >= 0)
-            self._sorted.update(zip((-self._keys[occupied]).tolist(), self._ids[occupied].tolist(),
-                                    strict=True))
+            self._order.build(self._keys[:size], self._ids[:size])
+
+
+@njit(cache=True, nogil=True)
+def _exact_add(keys, ids, pos, state, slots, new_ids, bkeys, bids, blen, order, lkey, lid, fen, free, meta):
+    """Exact mode: a new transition enters at key +inf, replacing the one overwritten in its slot."""
+    for b in range(slots.shape[0]):
+        s = slots[b]
+        if pos[s] >= 0:
+            _ordered.remove(bkeys, bids, blen, order, lkey, lid, fen, free, meta, keys[s], ids[s])
+        else:
+            state[0] += 1
+        pos[s] = 0
+        keys[s] = np.inf
+        ids[s] = new_ids[b]
+        _ordered.insert(bkeys, bids, blen, order, lkey, lid, fen, free, meta, np.inf, new_ids[b])
+
+
+@njit(cache=True, nogil=True)
+def _exact_update(keys, update_ids, values, next_id, capacity, raw, bkeys, bids, blen, order, lkey, lid, fen,
+                  free, meta):
+    """Exact mode: validate all, then move each live id to its new key |delta| (or raw priority)."""
+    code = check_update(update_ids, values, next_id, capacity, raw)
+    if code < 0:
+        return code
+    oldest = next_id - capacity
+    for b in range(update_ids.shape[0]):
+        i = update_ids[b]
+        if i < oldest:
+            continue
+        s = i % capacity
+        _ordered.remove(bkeys, bids, blen, order, lkey, lid, fen, free, meta, keys[s], i)
+        key = values[b] if raw else abs(values[b])
+        keys[s] = key
+        _ordered.insert(bkeys, bids, blen, order, lkey, lid, fen, free, meta, key, i)
+    return code
 
 
 class Greedy(_HeapSampler):
