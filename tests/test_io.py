@@ -1,6 +1,7 @@
 """Save and load: complete state, atomic writes, clear errors on damaged files."""
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +132,25 @@ def test_damaged_files_load_identically_or_raise_value_error(tmp_path):
 def test_damaged_files_fuzz_long(tmp_path):
     outcomes = _fuzz_load(tmp_path, 5000, seed=1)
     assert outcomes["refused"] > 3000
+
+
+# tests/data/v1-{p,r,u}.npz were written by perx 0.1 (commit 5cd80d9), format version 1, with:
+#
+#     rng = np.random.default_rng(0)
+#     for name, sampler in [("p", perx.Proportional(alpha=0.7, max_priority="buffer")),
+#                           ("r", perx.RankBased()), ("u", perx.Uniform())]:
+#         buf = perx.ReplayBuffer(30, sampler, seed=1)
+#         buf.extend(obs=rng.standard_normal((45, 3)).astype(np.float32), action=np.arange(45))
+#         batch = buf.sample(8)
+#         buf.update_priorities(batch.indices, rng.standard_normal(8))
+#         buf.save(f"tests/data/v1-{name}.npz")
+V1 = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize("name", ["p", "r", "u"])
+def test_files_of_format_version_1_still_load(name):
+    twin = perx.ReplayBuffer.load(V1 / f"v1-{name}.npz")
+    assert twin.next_index == 45 and len(twin) == 30
+    np.testing.assert_array_equal(twin._storage.data["action"][np.arange(15, 45) % 30], np.arange(15, 45))
+    batch = twin.sample(16, beta=0.5)
+    assert np.isfinite(batch.weights).all() and (batch.indices >= 15).all()

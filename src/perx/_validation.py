@@ -62,11 +62,16 @@ def check_choice(value: object, name: str, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
+_PLAIN = (np.generic, int, float, bool, list, tuple)
+
+
 def to_numpy(value: object) -> np.ndarray:
     """``value`` as a numpy array. Tensors of array libraries (torch: on any device, with or without
     grad) are detached and copied to host memory by duck typing, so the core never imports them."""
     if type(value) is np.ndarray:
         return value
+    if isinstance(value, _PLAIN):
+        return np.asarray(value)
     detach = getattr(value, "detach", None)
     if detach is not None and hasattr(value, "cpu") and hasattr(value, "numpy"):
         return detach().cpu().numpy()

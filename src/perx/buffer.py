@@ -35,7 +35,8 @@ from perx.samplers.uniform import Uniform
 from perx.storage import FieldSpec, Storage
 
 FORMAT = "perx.ReplayBuffer"
-FORMAT_VERSION = 1
+#: Version 2 (perx 0.2) saves only primary sampler state (no tree nodes) and RankBased's segment cache.
+FORMAT_VERSION = 2
 
 
 class Batch(Mapping):
@@ -352,8 +353,11 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
         meta = json.loads(_read_member(zf, members.pop("meta")).tobytes().decode())
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             raise _LoadError("not a saved perx.ReplayBuffer")
-        if meta.get("version") != FORMAT_VERSION:
-            raise _LoadError(f"format version {meta.get('version')!r}; this perx reads version {FORMAT_VERSION}")
+        if meta.get("version") == 1:
+            _upgrade_v1(meta, members)
+        elif meta.get("version") != FORMAT_VERSION:
+            raise _LoadError(f"format version {meta.get('version')!r}; this perx reads versions 1 and "
+                             f"{FORMAT_VERSION}")
         capacity, next_id, spec, sampler = _parse_meta(meta)
         expected_data = set() if spec is None else {f"data/{name}" for name in spec}
         found_data = {k for k in members if k.startswith("data/")}
@@ -382,6 +386,16 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
     except ValueError as err:
         raise _LoadError(f"sampler state: {err}") from None
     return buf
+
+
+def _upgrade_v1(meta: dict, members: dict) -> None:
+    """Files of perx 0.1: their tree nodes are derived state (rebuilt now, so dropped unread), and
+    they had no segment cache (the cache starts empty, as it did after a load then)."""
+    members.pop("sampler/nodes", None)
+    members.pop("sampler/max_nodes", None)
+    info = meta.get("sampler")
+    if isinstance(info, dict) and info.get("name") == "RankBased" and isinstance(info.get("state"), dict):
+        info["state"].setdefault("segments", [])
 
 
 def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, into: np.ndarray | None = None,

@@ -103,12 +103,15 @@ def _parse_spec(spec: Mapping) -> dict[str, FieldSpec]:
     return out
 
 
+_SCALARS = (np.generic, int, float, bool)
+
+
 def _as_array(value: object, name: str) -> np.ndarray:
     try:
         arr = to_numpy(value)
     except (ValueError, TypeError, RuntimeError) as err:
         raise ValueError(f"{name}: cannot make an array of {_short(value)}: {err}") from None
-    if arr.dtype == object:
+    if arr.dtype.kind == "O":
         raise ValueError(f"{name}: cannot store {_short(value)}: numpy made an object array of it (ragged "
                          f"rows, Python objects, or an integer beyond 64 bits); give equal-length rows of numbers")
     return arr
@@ -200,7 +203,12 @@ class Storage:
         rows = -1
         for name, f in spec.items():
             value = fields[name]
-            arr = value if type(value) is np.ndarray else _as_array(value, name)
+            if type(value) is np.ndarray:
+                arr = value
+            elif isinstance(value, _SCALARS):  # the common non-array case, without the checks below
+                arr = np.asarray(value)
+            else:
+                arr = _as_array(value, name)
             rules = castable[name]
             rule = rules.get(arr.dtype)
             if rule is None:

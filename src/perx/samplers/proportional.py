@@ -131,12 +131,14 @@ def _update(nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
     code = check_update(ids, values, next_id, capacity, raw)
     if code < 0:
         return code
-    masses = np.empty(n)
+    # The mass is increasing in the priority, so checking the largest priority checks them all.
+    top = 0.0
     for b in range(n):
-        m = _mass(_priority(values[b], raw, eps, floor), alpha)
-        if not m <= max_mass:
-            return BAD_MASS
-        masses[b] = m
+        p = _priority(values[b], raw, eps, floor)
+        if p > top:
+            top = p
+    if not _mass(top, alpha) <= max_mass:
+        return BAD_MASS
     oldest = next_id - capacity
     slots = np.empty(n, np.int64)
     count = 0
@@ -146,7 +148,7 @@ def _update(nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
             continue  # stale: the slot now holds a newer transition
         s = i % capacity
         p = _priority(values[b], raw, eps, floor)
-        m = masses[b]
+        m = _mass(p, alpha)
         prio[s] = p
         nodes[leaf_base + s, 0] = m
         nodes[leaf_base + s, 1] = m if m > 0.0 else np.inf
