@@ -6,6 +6,7 @@ Core (numpy + numba only): storage, priority trees, samplers, the buffer, IS wei
 
 from perx import losses
 from perx.buffer import Batch, ReplayBuffer
+from perx.episodes import Episodes
 from perx.samplers import LAP, Greedy, Proportional, RankBased, Sampler, Uniform
 from perx.schedules import LinearSchedule
 from perx.storage import FieldSpec, Storage
@@ -17,6 +18,7 @@ __version__ = "0.1.0"
 __all__ = [
     "LAP",
     "Batch",
+    "Episodes",
     "FieldSpec",
     "Greedy",
     "LinearSchedule",

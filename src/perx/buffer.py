@@ -30,9 +30,10 @@ from perx._validation import (
     check_capacity,
     check_real,
 )
+from perx.episodes import Episodes, EpisodeStore
 from perx.samplers.base import Sampler, check_sampler
 from perx.samplers.uniform import Uniform
-from perx.storage import FieldSpec, Storage
+from perx.storage import FieldSpec, Storage, _parse_spec
 
 FORMAT = "perx.ReplayBuffer"
 #: Version 2 (perx 0.2) saves only primary sampler state (no tree nodes) and RankBased's segment cache.
@@ -82,6 +83,10 @@ class ReplayBuffer:
         seed: if given, reseeds the sampler's generator with ``np.random.default_rng(seed)``.
         spec: optional ``{name: (shape, dtype)}`` fixing the fields up front; otherwise the first
             ``add``/``extend`` fixes them. ``terminated`` and ``truncated`` are ordinary fields.
+        episodes: a :class:`perx.Episodes` to link steps into episodes: n-step returns, next
+            observations and frame stacks stored once, several streams (vector envs). Steps then
+            need the fields ``obs``, ``next_obs``, ``reward``, ``terminated`` and ``truncated``, and
+            ``add``/``extend`` take ``stream=`` (which sub-environment each step comes from).
         lock: make every public method hold one reentrant lock (``buf.lock``), so threads can share
             the buffer (an actor extending while a learner samples and updates). Off by default, and
             then it costs nothing: a buffer without it must be used by one thread at a time, because
@@ -96,16 +101,42 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None,
-                 spec: Mapping | None = None, lock: bool = False) -> None:
+                 spec: Mapping | None = None, episodes: Episodes | None = None, lock: bool = False) -> None:
         capacity = check_capacity(capacity)
         sampler = Uniform() if sampler is None else check_sampler(sampler)
         check_bool(lock, "lock")
+        if episodes is not None and not isinstance(episodes, Episodes):
+            raise TypeError(f"episodes: expected perx.Episodes(...) or None, got {_short(episodes)}")
+        obs_spec = None
+        if spec is not None and episodes is not None and episodes.shared:
+            # observations live in the episode store; the storage keeps the other fields
+            spec = _parse_spec(spec)
+            names = (episodes.obs, episodes.next_name)
+            given = [n for n in names if n in spec]
+            if len(given) == 1:
+                raise ValueError(f"spec: give both {names} or neither (then the first add fixes them), got only "
+                                 f"{given}")
+            if given:
+                if spec[names[0]] != spec[names[1]]:
+                    raise ValueError(f"spec: {names[0]} and {names[1]} must have the same shape and dtype")
+                obs_spec = {n: spec[n] for n in names}
+                spec = {n: f for n, f in spec.items() if n not in names} or None
         storage = Storage(capacity, spec)
+        store = None
+        if episodes is not None:
+            store = EpisodeStore(capacity, episodes)
+            if obs_spec is not None:
+                store.allocate(obs_spec[episodes.obs].shape, obs_spec[episodes.obs].dtype)
         sampler._bind(capacity)
         if seed is not None:
             sampler.reseed(seed)
         self._storage = storage
         self.sampler = sampler
+        #: The episode configuration (:class:`perx.Episodes`), or None for independent transitions.
+        self.episodes = episodes
+        self._episodes = store
+        # validates and converts observations (shape, dtype, casts) before they reach the episode store
+        self._obs_check = Storage(1, obs_spec) if episodes is not None and episodes.shared else None
         #: The buffer's ``threading.RLock`` with ``lock=True``, else None.
         self.lock = threading.RLock() if lock else None
         if lock:
@@ -130,34 +161,41 @@ class ReplayBuffer:
 
     @property
     def spec(self) -> dict[str, FieldSpec] | None:
-        return self._storage.spec
+        if self._obs_check is None or self._obs_check.spec is None:
+            return self._storage.spec
+        return {**(self._storage.spec or {}), **self._obs_check.spec}
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the field arrays plus the sampler's arrays."""
-        return self._storage.nbytes + self.sampler.nbytes
+        """Bytes of the field arrays, the sampler's arrays and (episodic buffers) the episode store."""
+        extra = self._episodes.nbytes if self._episodes is not None else 0
+        return self._storage.nbytes + self.sampler.nbytes + extra
 
     def __repr__(self) -> str:
         return f"ReplayBuffer(capacity={self.capacity}, size={len(self)}, sampler={self.sampler!r})"
 
     # -- writing ---------------------------------------------------------------------------------
-    def add(self, **transition: Any) -> np.ndarray:
+    def add(self, *, stream: Any = None, **transition: Any) -> np.ndarray:
         """Store one transition at maximal priority. O(fields + log N).
+
+        ``stream``: for a buffer with :class:`perx.Episodes`, which stream (sub-environment) the step
+        comes from; else not allowed.
 
         Returns:
             int64 [1]: its id, usable with ``update_priorities`` and ``set_priorities``.
 
         Raises:
-            ValueError / TypeError: missing or extra fields, wrong shapes, unsafe dtypes; nothing is
-                stored then.
+            ValueError / TypeError: missing or extra fields, wrong shapes, unsafe dtypes, values that do
+                not fit; for episodic buffers also a bad stream id or a step that does not continue its
+                stream's episode. Nothing is stored then.
         """
-        arrays, rows, new_spec = self._storage.prepare(transition, batched=False)
-        ids, slots = self._storage.write(arrays, rows, new_spec, batched=False)
-        self.sampler.on_add(slots, ids)
-        return ids
+        return self._write(transition, stream, batched=False)
 
-    def extend(self, **transitions: Any) -> np.ndarray:
+    def extend(self, *, stream: Any = None, **transitions: Any) -> np.ndarray:
         """Store a batch of transitions (axis 0 = batch) at maximal priority, without a Python loop.
+
+        ``stream``: for a buffer with :class:`perx.Episodes`, an int [n] (or one int) saying which
+        stream each row comes from; rows of one stream are in time order.
 
         Returns:
             int64 [n]: their ids in order. If n > capacity only the last ``capacity`` are kept and the
@@ -167,10 +205,53 @@ class ReplayBuffer:
             ValueError / TypeError: as ``add``, or fields with different batch lengths; nothing is
                 stored then.
         """
-        arrays, rows, new_spec = self._storage.prepare(transitions, batched=True)
+        return self._write(transitions, stream, batched=True)
+
+    def _write(self, fields: dict, stream: Any, *, batched: bool) -> np.ndarray:
+        store = self._episodes
+        storage = self._storage
+        if store is None:
+            if stream is not None:
+                raise ValueError("stream: only buffers with episodes=perx.Episodes(...) take stream ids")
+            arrays, rows, new_spec = storage.prepare(fields, batched=batched)
+            if rows == 0:
+                return np.empty(0, np.int64)
+            ids, slots = storage.write(arrays, rows, new_spec, batched=batched)
+            self.sampler.on_add(slots, ids[rows - len(slots):])
+            return ids
+        cfg = self.episodes
+        obs = nxt = None
+        if cfg.shared:
+            names = (cfg.obs, cfg.next_name)
+            missing = [n for n in names if n not in fields]
+            if missing:
+                raise ValueError(f"fields: an episodic buffer needs {missing}")
+            obs_fields = {n: fields[n] for n in names}
+            fields = {n: v for n, v in fields.items() if n not in names}
+            obs_arrays, obs_rows, obs_new = self._obs_check.prepare(obs_fields, batched=batched)
+            obs, nxt = (obs_arrays[n] if batched else obs_arrays[n][None] for n in names)
+        arrays, rows, new_spec = storage.prepare(fields, batched=batched)
+        for name in ("reward", "terminated", "truncated"):
+            if name not in arrays:
+                raise ValueError(f"fields: an episodic buffer needs {name!r}")
+        for name in ("terminated", "truncated"):
+            dtype = (new_spec or storage.spec)[name].dtype
+            if dtype != np.bool_:
+                raise TypeError(f"{name}: an episodic buffer stores it as bool, got dtype {dtype}")
+        if cfg.shared and obs_rows != rows:
+            raise ValueError(f"{cfg.obs}: has {obs_rows} rows but the other fields have {rows}")
         if rows == 0:
             return np.empty(0, np.int64)
-        ids, slots = self._storage.write(arrays, rows, new_spec, batched=True)
+        term = arrays["terminated"] if batched else arrays["terminated"][None]
+        trunc = arrays["truncated"] if batched else arrays["truncated"][None]
+        next_id = storage.next_id
+        plan = store.prepare(obs, nxt, term, trunc, stream, rows, next_id)
+        # everything is validated: from here on nothing can fail
+        if cfg.shared and obs_new is not None:
+            self._obs_check._allocate(obs_new)
+            self._obs_check.inferred = True
+        ids, slots = storage.write(arrays, rows, new_spec, batched=batched)
+        store.write(plan, ids, slots, next_id)
         self.sampler.on_add(slots, ids[rows - len(slots):])
         return ids
 
@@ -184,7 +265,14 @@ class ReplayBuffer:
                 ``perx.LinearSchedule``. Ignored by samplers without IS weights.
 
         Returns:
-            a :class:`Batch`. Cost: O(B log N) plus the copy of B rows of every field.
+            a :class:`Batch`. Cost: O(B log N) plus the copy of B rows of every field. With
+            :class:`perx.Episodes` it also holds ``"return"``, ``"discount"`` and ``"steps"`` of each
+            n-step window, ``"next_obs"`` to bootstrap from, ``"terminated"``/``"truncated"`` for how the
+            window ended, and rebuilt observations (see :mod:`perx.episodes`).
+
+        Sampling is with replacement: a batch may hold a transition more than once, and B may exceed
+        the number stored (each draw follows P(i); IS weights correct for it). ``perx.Greedy`` is the
+        exception: it returns B distinct transitions.
 
         Raises:
             ValueError: empty buffer, batch_size <= 0, beta outside [0, 1].
@@ -199,7 +287,33 @@ class ReplayBuffer:
         storage = self._storage
         slots, ids, probs, weights = self.sampler.sample(batch_size, beta, size, storage.next_id)
         data = {name: arr[slots] for name, arr in storage.data.items()}
+        if self._episodes is not None:
+            self._episodes.gather(ids, slots, data, storage.data)
         return Batch(data, ids, weights, probs)
+
+    def get(self, indices) -> Batch:
+        """The batch of the given live ids (no sampling): their fields (and episode fields), the ids,
+        their current probabilities P(i) and weights of 1.
+
+        Raises:
+            ValueError: an id that is not live (never issued, or overwritten).
+        """
+        ids = self._live(as_index_array(indices, "indices"))
+        storage = self._storage
+        slots = ids % self.capacity
+        data = {name: arr[slots] for name, arr in storage.data.items()}
+        if self._episodes is not None:
+            self._episodes.gather(ids, slots, data, storage.data)
+        probs = self.sampler.probabilities(slots, len(self)) if len(ids) else np.empty(0)
+        return Batch(data, ids, np.ones(len(ids)), probs)
+
+    def _live(self, ids: np.ndarray) -> np.ndarray:
+        nid = self._storage.next_id
+        bad = (ids < max(0, nid - self.capacity)) | (ids >= nid)
+        if bad.any():
+            raise ValueError(f"indices: {int(ids[bad][0])} is not a live id (live: "
+                             f"{max(0, nid - self.capacity)}..{nid - 1})")
+        return ids
 
     # -- priorities ------------------------------------------------------------------------------
     def update_priorities(self, indices, td_errors) -> int:
@@ -251,13 +365,7 @@ class ReplayBuffer:
         if indices is None:
             slots = np.arange(size, dtype=np.int64)
         else:
-            ids = as_index_array(indices, "indices")
-            nid = self._storage.next_id
-            bad = (ids < max(0, nid - self.capacity)) | (ids >= nid)
-            if bad.any():
-                raise ValueError(f"indices: {int(ids[bad][0])} is not a live id (live: "
-                                 f"{max(0, nid - self.capacity)}..{nid - 1})")
-            slots = ids % self.capacity
+            slots = self._live(as_index_array(indices, "indices")) % self.capacity
         if batch_size is not None:
             batch_size = check_batch_size(batch_size)
         return self.sampler.probabilities(slots, size, batch_size)
@@ -285,11 +393,17 @@ class ReplayBuffer:
             "inferred": self._storage.inferred,
             "sampler": {"name": self.sampler.name, "config": self.sampler.config(), "state": sampler_meta},
         }
-        arrays = {"meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)}
+        arrays = {}
         for name, arr in self._storage.data.items():
             arrays[f"data/{name}"] = arr[:size]
         for key, arr in sampler_arrays.items():
             arrays[f"sampler/{key}"] = arr
+        if self._episodes is not None:
+            episode_meta, episode_arrays = self._episodes.state_dict(size, self._storage.next_id)
+            meta["episodes"] = episode_meta
+            for key, arr in episode_arrays.items():
+                arrays[f"episodes/{key}"] = arr
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
         _atomic.write(path, lambda f: np.savez(f, **arrays))
 
     @classmethod
@@ -320,7 +434,7 @@ class ReplayBuffer:
                                  f"truncated or corrupted, or was crafted ({type(err).__name__}: {err})") from err
 
 
-_LOCKED = ("add", "extend", "sample", "update_priorities", "set_priorities", "probabilities", "save")
+_LOCKED = ("add", "extend", "sample", "get", "update_priorities", "set_priorities", "probabilities", "save")
 
 
 def _locked(method, lock):
@@ -358,16 +472,16 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
         elif meta.get("version") != FORMAT_VERSION:
             raise _LoadError(f"format version {meta.get('version')!r}; this perx reads versions 1 and "
                              f"{FORMAT_VERSION}")
-        capacity, next_id, spec, sampler = _parse_meta(meta)
+        capacity, next_id, spec, sampler, episodes = _parse_meta(meta)
         expected_data = set() if spec is None else {f"data/{name}" for name in spec}
         found_data = {k for k in members if k.startswith("data/")}
         if found_data != expected_data:
             raise _LoadError(f"data members {sorted(found_data)} do not match the fields {sorted(expected_data)}")
-        unknown = sorted(k for k in members if not k.startswith(("data/", "sampler/")))
+        unknown = sorted(k for k in members if not k.startswith(("data/", "sampler/", "episodes/")))
         if unknown:
             raise _LoadError(f"unexpected members {unknown}")
         try:
-            buf = cls(capacity, sampler, spec=spec, lock=lock)
+            buf = cls(capacity, sampler, spec=spec, lock=lock, episodes=episodes)
         except MemoryError as err:
             raise _LoadError(f"capacity {capacity} cannot be allocated here ({err})") from None
         storage = buf._storage
@@ -379,12 +493,28 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
             storage.inferred = bool(meta.get("inferred", False))
         sampler_arrays = {k[len("sampler/"):]: _read_member(zf, info, what=k)
                           for k, info in members.items() if k.startswith("sampler/")}
+        episode_arrays = {k[len("episodes/"):]: _read_member(zf, info, what=k)
+                          for k, info in members.items() if k.startswith("episodes/")}
     try:
         sampler.load_state_dict(meta["sampler"]["state"], sampler_arrays, size=size, next_id=next_id)
     except (KeyError, TypeError) as err:
         raise _LoadError(f"sampler state: {type(err).__name__}: {err}") from None
     except ValueError as err:
         raise _LoadError(f"sampler state: {err}") from None
+    if episodes is None:
+        if episode_arrays:
+            raise _LoadError("episode arrays in a file without episodes")
+        return buf
+    try:
+        buf._episodes.load_state_dict(meta["episodes"], episode_arrays, size, next_id, buf._storage.data)
+    except (KeyError, TypeError, IndexError) as err:
+        raise _LoadError(f"episode state: {type(err).__name__}: {err}") from None
+    except ValueError as err:
+        raise _LoadError(f"episode state: {err}") from None
+    if episodes.shared and buf._episodes.obs_spec is not None:
+        shape, dtype = buf._episodes.obs_spec
+        buf._obs_check._allocate({episodes.obs: FieldSpec(shape, dtype), episodes.next_name: FieldSpec(shape, dtype)})
+        buf._obs_check.inferred = bool(meta.get("inferred", False))
     return buf
 
 
@@ -437,7 +567,7 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, into: np.ndarray | 
 _CHUNK = 1 << 24
 
 
-def _parse_meta(meta: dict) -> tuple[int, int, dict | None, Sampler]:
+def _parse_meta(meta: dict) -> tuple[int, int, dict | None, Sampler, Episodes | None]:
     from perx.samplers.base import check_int
 
     capacity = check_int(meta.get("capacity"), "capacity", 1, 2**62)
@@ -468,7 +598,16 @@ def _parse_meta(meta: dict) -> tuple[int, int, dict | None, Sampler]:
         sampler = sampler_cls(**info["config"])
     except (TypeError, ValueError) as err:
         raise _LoadError(f"sampler config {str(info['config'])[:120]}: {err}") from None
-    return capacity, next_id, spec, sampler
+    episodes = None
+    if meta.get("episodes") is not None:
+        ep = meta["episodes"]
+        if not isinstance(ep, dict) or not isinstance(ep.get("config"), dict):
+            raise _LoadError("episodes: expected {config, obs_spec}")
+        try:
+            episodes = Episodes(**ep["config"])
+        except (TypeError, ValueError) as err:
+            raise _LoadError(f"episodes config {str(ep['config'])[:120]}: {err}") from None
+    return capacity, next_id, spec, sampler, episodes
 
 
 def _check_beta(beta: object) -> float:

@@ -1,0 +1,574 @@
+"""Episodes: n-step returns, next observations stored once, and frame stacks stored once.
+
+A buffer configured with :class:`Episodes` is fed steps of one or more *streams* (the sub-environments of
+a vector env; each keeps its own episode stream) and links each step to its neighbours in the same
+episode:
+
+* ``succ``: the id of the next step of the episode; ``ENDED`` (-1) if the episode ended with this step
+  (terminated or truncated); ``PENDING`` (-2) while it is its stream's newest step and the episode goes on.
+* ``pred`` (frame stacks only): the id of the previous step, or -1 at the episode's first step.
+
+Everything derived at sample time, from single steps stored once:
+
+* **n-step returns** (Sutton & Barto's n-step target; the multi-step variant of 000 Appendix A):
+  ``G = sum_{t<k} gamma^t r_t`` over the k <= n steps of the window, and the discount to apply to the
+  bootstrap value, ``gamma^k``, or 0 if the episode terminated inside the window. A window ends early at
+  a termination (no bootstrap), at a truncation (bootstrap from the last real next observation), or at the
+  stream's newest step while its episode goes on (a window cut by the write head: bootstrap from that
+  step's next observation); ``batch["steps"]`` says how many steps it holds. Priorities stay per
+  transition (the window's first step).
+* **next observations** (``next_obs="shared"``): the next observation of a step is the observation of
+  its successor; only an episode's final observation, and each stream's newest next observation, are kept
+  on their own (in a store that grows with the number of episode ends held).
+* **frame stacks** (``frame_stack=k``): observations are stacks of k frames, newest last (Gymnasium's
+  ``FrameStackObservation``); each step stores its newest frame once, and stacks are rebuilt by walking
+  ``pred``; frames before an episode's first step are padding, the first frame (``"first"``, Gymnasium's
+  ``padding_type="reset"``) or zeros (``"zero"``). Frames live in a ring of ``capacity + frame_margin``
+  entries so that the oldest stored steps still find their stacks' older frames.
+
+Observations are checked on the way in (``check=True``): a continuing step's observation must equal the
+previous step's next observation, and a stack must be the previous stack shifted by one frame, so a step
+that does not belong where it is written (the bogus reset step of Gymnasium's next-step autoreset, a
+wrong stream id) is refused with a ValueError before anything is stored.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from perx._validation import _short, check_bool, check_choice, check_positive_int, check_real, to_numpy
+
+ENDED = -1
+PENDING = -2
+
+
+class Episodes:
+    """How a buffer links steps into episodes (pass as ``ReplayBuffer(..., episodes=perx.Episodes(...))``).
+
+    Args:
+        n_step: n of the n-step return; 1 gives the one-step target. The batch then carries
+            ``"return"`` (float64 [B]), ``"discount"`` (gamma^k, or 0 after a termination; float64 [B]),
+            ``"steps"`` (k, int64 [B]), ``"next_obs"`` (the observation to bootstrap from) and
+            ``"terminated"`` / ``"truncated"`` (how the window ended). The target is
+            ``return + discount * V(next_obs)``.
+        gamma: discount factor in [0, 1].
+        streams: number of parallel streams (sub-environments); each step says which one it comes from
+            with ``stream=`` in ``add`` / ``extend``.
+        next_obs: ``"stored"`` keeps ``next_obs`` as an ordinary field; ``"shared"`` reads it from the next
+            step of the same stream (default when frames are stacked, else ``"stored"``).
+        frame_stack: k if observations are stacks of k frames (axis 0 of ``obs``) to be stored one frame
+            per step; implies ``next_obs="shared"``.
+        frame_padding: what stands before an episode's first frame in a stack: ``"first"`` (that frame
+            repeated; Gymnasium's ``padding_type="reset"``) or ``"zero"``.
+        frame_margin: extra frames kept beyond the capacity so that the oldest stored steps can still
+            rebuild their stacks; default ``(frame_stack - 1) * streams``, enough when every stream adds
+            a step per round (vector envs). A continuing step further than ``frame_margin // (k - 1)``
+            ids from its predecessor is refused.
+        obs: name of the observation field (its next observation is ``"next_" + obs``).
+        check: verify that each continuing step's observation is its predecessor's next observation.
+    """
+
+    def __init__(self, n_step: int = 1, gamma: float = 0.99, *, streams: int = 1, next_obs: str | None = None,
+                 frame_stack: int | None = None, frame_padding: str = "first", frame_margin: int | None = None,
+                 obs: str = "obs", check: bool = True) -> None:
+        self.n_step = check_positive_int(n_step, "n_step")
+        self.gamma = check_real(gamma, "gamma", low=0.0, high=1.0)
+        self.streams = check_positive_int(streams, "streams")
+        self.frame_stack = None if frame_stack is None else check_positive_int(frame_stack, "frame_stack")
+        if next_obs is None:
+            next_obs = "shared" if self.frame_stack else "stored"
+        self.next_obs = check_choice(next_obs, "next_obs", ("stored", "shared"))
+        if self.frame_stack and self.next_obs != "shared":
+            raise ValueError("next_obs: frame stacks are stored one frame per step, so next_obs must be 'shared', "
+                             f"got {next_obs!r}")
+        self.frame_padding = check_choice(frame_padding, "frame_padding", ("first", "zero"))
+        default_margin = ((self.frame_stack or 1) - 1) * self.streams
+        if frame_margin is None:
+            self.frame_margin = default_margin
+        elif isinstance(frame_margin, bool) or not isinstance(frame_margin, numbers.Integral) \
+                or frame_margin < default_margin:
+            raise ValueError(f"frame_margin: must be an int >= (frame_stack - 1) * streams = {default_margin}, "
+                             f"got {frame_margin!r}")
+        else:
+            self.frame_margin = int(frame_margin)
+        if not isinstance(obs, str) or not obs:
+            raise TypeError(f"obs: expected a field name, got {_short(obs)}")
+        self.obs = obs
+        self.next_name = "next_" + obs
+        self.check = check_bool(check, "check")
+
+    @property
+    def shared(self) -> bool:
+        return self.next_obs == "shared"
+
+    def config(self) -> dict[str, Any]:
+        return {"n_step": self.n_step, "gamma": self.gamma, "streams": self.streams, "next_obs": self.next_obs,
+                "frame_stack": self.frame_stack, "frame_padding": self.frame_padding,
+                "frame_margin": self.frame_margin, "obs": self.obs, "check": self.check}
+
+    def __repr__(self) -> str:
+        return "Episodes(" + ", ".join(f"{k}={v!r}" for k, v in self.config().items()) + ")"
+
+
+# -- kernels -------------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def window(ids, succ, reward, terminated, truncated, capacity, n, gamma):
+    """n-step windows of the steps ``ids``: (return, discount, steps, last id, terminated, truncated)."""
+    count = ids.shape[0]
+    ret = np.empty(count)
+    disc = np.empty(count)
+    steps = np.empty(count, np.int64)
+    last = np.empty(count, np.int64)
+    term = np.zeros(count, np.bool_)
+    trunc = np.zeros(count, np.bool_)
+    for b in range(count):
+        j = ids[b]
+        g = 0.0
+        d = 1.0
+        k = 0
+        while True:
+            s = j % capacity
+            g += d * reward[s]
+            d *= gamma
+            k += 1
+            if terminated[s]:
+                d = 0.0
+                term[b] = True
+                break
+            if truncated[s]:
+                trunc[b] = True
+                break
+            nxt = succ[s]
+            if k == n or nxt < 0:  # window full, or the stream's newest step (PENDING)
+                break
+            j = nxt
+        ret[b] = g
+        disc[b] = d
+        steps[b] = k
+        last[b] = j
+    return ret, disc, steps, last, term, trunc
+
+
+@njit(cache=True, nogil=True)
+def chains(ids, rpred, ring, k, zero_padding):
+    """Ring ids of the k frames of each step's stack, oldest first; -1 marks a zero-padding frame."""
+    count = ids.shape[0]
+    out = np.empty((count, k), np.int64)
+    for b in range(count):
+        c = ids[b]
+        out[b, k - 1] = c
+        for t in range(k - 2, -1, -1):
+            p = rpred[c % ring] if c >= 0 else -1
+            if p >= 0:
+                c = p
+                out[b, t] = c
+            else:  # before the episode's first frame: padding
+                if zero_padding:
+                    c = -1
+                out[b, t] = c
+    return out
+
+
+@njit(cache=True, nogil=True)
+def chain_lengths(heads, rpred, ring, depth):
+    """For each id in ``heads``, the oldest id reachable by at most ``depth`` pred steps."""
+    out = np.empty(heads.shape[0], np.int64)
+    for b in range(heads.shape[0]):
+        c = heads[b]
+        for _ in range(depth):
+            p = rpred[c % ring]
+            if p < 0:
+                break
+            c = p
+        out[b] = c
+    return out
+
+
+# -- the store -----------------------------------------------------------------------------------------
+
+class EpisodeStore:
+    """Links, observation ring, final and head observations of an episodic buffer (internal)."""
+
+    def __init__(self, capacity: int, cfg: Episodes) -> None:
+        self.cfg = cfg
+        self.capacity = capacity
+        self.ring = capacity + cfg.frame_margin if cfg.shared else capacity
+        streams = cfg.streams
+        self.succ = np.full(capacity, ENDED, np.int64)
+        self.stream = np.zeros(capacity, np.int64)
+        self.head = np.full(streams, -1, np.int64)  # newest id of each stream, -1 before its first step
+        self.head_open = np.zeros(streams, np.bool_)  # does that step's episode go on?
+        self.final = np.full(capacity, -1, np.int64) if cfg.shared else np.empty(0, np.int64)
+        self.rpred = np.full(self.ring, -1, np.int64) if cfg.frame_stack else np.empty(0, np.int64)
+        self.obs_spec: tuple[tuple[int, ...], np.dtype] | None = None
+        self.units = self.final_units = self.head_units = None
+        self.final_free = np.empty(0, np.int64)
+
+    # layout of the shared observation store ------------------------------------------------------
+    def allocate(self, obs_shape: tuple[int, ...], dtype: np.dtype) -> None:
+        """Fix the observation shape (the stack's shape with frames) and allocate the stores."""
+        cfg = self.cfg
+        if cfg.frame_stack and (len(obs_shape) == 0 or obs_shape[0] != cfg.frame_stack):
+            raise ValueError(f"{cfg.obs}: frame_stack={cfg.frame_stack} needs observations of shape "
+                             f"({cfg.frame_stack}, ...), got {obs_shape}")
+        unit = obs_shape[1:] if cfg.frame_stack else obs_shape
+        try:
+            units = np.zeros((self.ring, *unit), dtype)
+            head_units = np.zeros((cfg.streams, *unit), dtype)
+            final_units = np.zeros((max(16, cfg.streams), *unit), dtype)
+        except (MemoryError, ValueError) as err:
+            raise MemoryError(f"capacity: cannot allocate {self.ring} observations of shape {unit} {dtype} "
+                              f"({type(err).__name__})") from None
+        self.obs_spec = (tuple(obs_shape), np.dtype(dtype))
+        self.units, self.head_units, self.final_units = units, head_units, final_units
+        self.final_free = np.arange(len(final_units) - 1, -1, -1, dtype=np.int64)  # a stack: pop from the end
+
+    @property
+    def nbytes(self) -> int:
+        arrays = [self.succ, self.stream, self.head, self.head_open, self.final, self.rpred, self.final_free]
+        arrays += [a for a in (self.units, self.final_units, self.head_units) if a is not None]
+        return sum(a.nbytes for a in arrays)
+
+    # writing -------------------------------------------------------------------------------------
+    def prepare(self, obs: np.ndarray | None, next_obs: np.ndarray | None, terminated: np.ndarray,
+                truncated: np.ndarray, stream: object, rows: int, next_id: int) -> dict:
+        """Validate one batch of steps (``rows`` of them, ids ``next_id ...``) and work out their links.
+        Changes nothing; returns the plan that :meth:`write` applies. ``obs``/``next_obs`` are given only
+        when they are stored here (``next_obs="shared"``)."""
+        cfg = self.cfg
+        e = _stream_array(stream, rows, cfg.streams)
+        ended = np.asarray(terminated, np.bool_) | np.asarray(truncated, np.bool_)
+        ids = np.arange(next_id, next_id + rows, dtype=np.int64)
+        # the previous step of the same stream inside this batch, if any
+        order = np.argsort(e, kind="stable")
+        same = e[order[1:]] == e[order[:-1]]
+        prev_in = np.full(rows, -1, np.int64)
+        prev_in[order[1:][same]] = order[:-1][same]
+        next_in = np.full(rows, -1, np.int64)
+        next_in[order[:-1][same]] = order[1:][same]
+        inside = prev_in >= 0
+        continuing = np.where(inside, ~ended[np.maximum(prev_in, 0)], self.head_open[e])
+        pred = np.where(continuing, np.where(inside, ids[np.maximum(prev_in, 0)], self.head[e]), -1)
+        plan = {"e": e, "ended": ended, "pred": pred, "prev_in": prev_in, "next_in": next_in,
+                "continuing": continuing}
+        if not cfg.shared:
+            return plan
+        new_spec = None
+        if self.obs_spec is None:
+            new_spec = (obs.shape[1:], obs.dtype)
+            if cfg.frame_stack and (obs.ndim < 2 or obs.shape[1] != cfg.frame_stack):
+                raise ValueError(f"{cfg.obs}: frame_stack={cfg.frame_stack} needs observations of shape "
+                                 f"({cfg.frame_stack}, ...), got {obs.shape[1:]}")
+        plan["new_spec"] = new_spec
+        k = cfg.frame_stack
+        if k:
+            cur, nxt = obs[:, -1], next_obs[:, -1]  # the one new frame of each
+            if k > 1:
+                self._check_gaps(ids, pred, continuing, inside)
+        else:
+            cur, nxt = obs, next_obs
+        plan["cur"], plan["nxt"] = cur, nxt
+        if cfg.check:
+            self._check_continuity(obs, next_obs, plan, new_spec is not None)
+        return plan
+
+    def _check_gaps(self, ids, pred, continuing, inside):
+        gap = self.cfg.frame_margin // (self.cfg.frame_stack - 1)
+        far = continuing & (ids - pred > gap)
+        if far.any():
+            b = int(np.flatnonzero(far)[0])
+            raise ValueError(
+                f"stream: step {int(ids[b])} continues step {int(pred[b])} of its stream, {int(ids[b] - pred[b])} "
+                f"ids back; stacks of {self.cfg.frame_stack} frames keep only steps up to frame_margin // "
+                f"(frame_stack - 1) = {gap} ids apart. Let every stream add one step per round, or raise "
+                f"frame_margin in perx.Episodes"
+            )
+
+    def _check_continuity(self, obs, next_obs, plan, first_batch):
+        cfg = self.cfg
+        cont, prev_in, e = plan["continuing"], plan["prev_in"], plan["e"]
+        rows = len(e)
+        inside = prev_in >= 0
+        # what each continuing step's observation must equal: the predecessor's next observation
+        if cfg.frame_stack:
+            k = cfg.frame_stack
+            if k > 1:
+                # a stack is the previous stack shifted by one frame: next_obs[:-1] == obs[1:]
+                shifted = np.all((next_obs[:, :-1] == obs[:, 1:]).reshape(rows, -1), axis=1)
+                if not shifted.all():
+                    b = int(np.flatnonzero(~shifted)[0])
+                    raise ValueError(f"{cfg.next_name}: row {b} is not its {cfg.obs} shifted by one frame "
+                                     f"({cfg.next_name}[:-1] must equal {cfg.obs}[1:])")
+            newest = obs[:, -1]
+            expected_from_batch = next_obs[np.maximum(prev_in, 0), -1]
+        else:
+            newest = obs
+            expected_from_batch = next_obs[np.maximum(prev_in, 0)]
+        if not first_batch and cont.any():
+            from_head = self.head_units[e] if self.head_units is not None else None
+            expected = np.where(_expand(inside, newest), expected_from_batch, from_head)
+            bad = cont & ~np.all((newest == expected).reshape(rows, -1), axis=1)
+        elif cont.any():  # first batch: only predecessors inside it
+            bad = cont & inside & ~np.all((newest == expected_from_batch).reshape(rows, -1), axis=1)
+        else:
+            bad = np.zeros(rows, np.bool_)
+        if bad.any():
+            b = int(np.flatnonzero(bad)[0])
+            raise ValueError(
+                f"{cfg.obs}: row {b} (stream {int(e[b])}) continues an episode but its observation is not the "
+                f"previous step's {cfg.next_name}. Every step of an episode must follow the one before in "
+                f"its stream (after an episode ends, the next step of that stream starts a new one); with "
+                f"Gymnasium's next-step autoreset, the step that only resets a sub-environment is not a "
+                f"transition: use perx.gym.VectorRecorder, which drops it"
+            )
+        if cfg.frame_stack and cfg.frame_stack > 1:
+            k = cfg.frame_stack
+            starts = ~cont
+            pad = obs[:, :-1]
+            want = np.zeros_like(pad) if cfg.frame_padding == "zero" else np.repeat(obs[:, -1:], k - 1, axis=1)
+            ok = np.all((pad == want).reshape(rows, -1), axis=1)
+            if (starts & ~ok).any():
+                b = int(np.flatnonzero(starts & ~ok)[0])
+                raise ValueError(
+                    f"{cfg.obs}: row {b} starts an episode but its stack is not padded with "
+                    f"{'zeros' if cfg.frame_padding == 'zero' else 'its first frame'} "
+                    f"(frame_padding={cfg.frame_padding!r}); set frame_padding to match the environment")
+
+    def write(self, plan: dict, ids: np.ndarray, slots: np.ndarray, next_id_before: int) -> None:
+        """Apply a plan after the storage wrote rows ``ids`` (the kept ones at ``slots``)."""
+        cfg = self.cfg
+        rows = len(ids)
+        if cfg.shared and plan["new_spec"] is not None:
+            self.allocate(*plan["new_spec"])
+        e, ended, pred, next_in = plan["e"], plan["ended"], plan["pred"], plan["next_in"]
+        kept = len(slots)
+        first_kept = rows - kept
+        cap, ring = self.capacity, self.ring
+        # predecessors written earlier now have a successor (if still stored and not overwritten now)
+        from_head = plan["continuing"] & (plan["prev_in"] < 0)
+        oldest_after = next_id_before + rows - cap
+        linked = pred[from_head]
+        alive = linked >= oldest_after
+        self.succ[linked[alive] % cap] = ids[from_head][alive]
+        if cfg.shared:
+            # evicted rows give back their final observations
+            old = self.final[slots]
+            freed = old[old >= 0]
+            if len(freed):
+                self.final_free = np.concatenate((self.final_free, freed))
+            self.final[slots] = -1
+        succ = np.where(ended, ENDED, np.where(next_in >= 0, ids[np.maximum(next_in, 0)], PENDING))
+        self.succ[slots] = succ[first_kept:]
+        self.stream[slots] = e[first_kept:]
+        if cfg.shared:
+            in_ring = slice(max(0, rows - ring), rows)
+            self.units[ids[in_ring] % ring] = plan["cur"][in_ring]
+            if cfg.frame_stack:
+                self.rpred[ids[in_ring] % ring] = pred[in_ring]
+            finals = np.flatnonzero(ended[first_kept:]) + first_kept
+            if len(finals):
+                where = self._take_final(len(finals))
+                self.final_units[where] = plan["nxt"][finals]
+                self.final[ids[finals] % cap] = where
+        # each stream's newest step
+        last = np.full(cfg.streams, -1, np.int64)
+        last[e] = np.arange(rows)  # the last assignment wins: the stream's last row in this batch
+        touched = last >= 0
+        rows_last = last[touched]
+        self.head[touched] = ids[rows_last]
+        self.head_open[touched] = ~ended[rows_last]
+        if cfg.shared:
+            self.head_units[touched] = plan["nxt"][rows_last]
+
+    def _take_final(self, count: int) -> np.ndarray:
+        if len(self.final_free) < count:
+            old = self.final_units
+            grown = max(2 * len(old), len(old) + count)
+            units = np.zeros((grown, *old.shape[1:]), old.dtype)
+            units[: len(old)] = old
+            self.final_units = units
+            self.final_free = np.concatenate((np.arange(grown - 1, len(old) - 1, -1, dtype=np.int64),
+                                              self.final_free))
+        where = self.final_free[-count:][::-1].copy()
+        self.final_free = self.final_free[:-count]
+        return where
+
+    # sampling ------------------------------------------------------------------------------------
+    def gather(self, ids: np.ndarray, slots: np.ndarray, data: dict[str, np.ndarray],
+               storage: dict[str, np.ndarray]) -> None:
+        """Add the episode fields of a batch to ``data`` (the rows of the stored fields at ``slots``)."""
+        cfg = self.cfg
+        cap = self.capacity
+        ret, disc, steps, last, term, trunc = window(
+            ids, self.succ, storage["reward"], storage["terminated"], storage["truncated"], cap, cfg.n_step,
+            cfg.gamma)
+        data["return"] = ret
+        data["discount"] = disc
+        data["steps"] = steps
+        data["terminated"] = term
+        data["truncated"] = trunc
+        if not cfg.shared:
+            data[cfg.next_name] = storage[cfg.next_name][last % cap]
+            return
+        data[cfg.obs] = self._stacks(ids)
+        data[cfg.next_name] = self._next(last)
+
+    def _units_of(self, ring_ids: np.ndarray) -> np.ndarray:
+        """Units (frames, or whole observations) at ring ids; -1 gives zeros."""
+        out = self.units[ring_ids % self.ring]
+        pad = ring_ids < 0
+        if pad.any():
+            out[pad] = 0
+        return out
+
+    def _stacks(self, ids: np.ndarray) -> np.ndarray:
+        k = self.cfg.frame_stack
+        if not k:
+            return self.units[ids % self.ring]
+        chain = chains(ids, self.rpred, self.ring, k, self.cfg.frame_padding == "zero")
+        return self._units_of(chain.reshape(-1)).reshape(len(ids), k, *self.units.shape[1:])
+
+    def _next(self, last: np.ndarray) -> np.ndarray:
+        """Next observation of each step in ``last``: its successor's, its episode's final one, or its
+        stream's pending one."""
+        cap = self.capacity
+        s = last % cap
+        nxt = self.succ[s]
+        k = self.cfg.frame_stack
+        if k:
+            chain = chains(last, self.rpred, self.ring, k, self.cfg.frame_padding == "zero")
+            frames = self._units_of(chain.reshape(-1)).reshape(len(last), k, *self.units.shape[1:])
+            out = np.empty_like(frames)
+            out[:, :-1] = frames[:, 1:]
+            newest = out[:, -1]
+        else:
+            out = self.units[np.maximum(nxt, 0) % self.ring]
+            newest = out
+        if k:
+            newest[:] = self.units[np.maximum(nxt, 0) % self.ring]
+        ended = nxt == ENDED
+        if ended.any():
+            newest[ended] = self.final_units[self.final[s[ended]]]
+        pending = nxt == PENDING
+        if pending.any():
+            newest[pending] = self.head_units[self.stream[s[pending]]]
+        return out
+
+    # state ---------------------------------------------------------------------------------------
+    def _ring_ids(self, next_id: int) -> np.ndarray:
+        """Ids whose observation units are still in the ring, oldest first."""
+        return np.arange(max(0, next_id - self.ring), next_id, dtype=np.int64)
+
+    def state_dict(self, size: int, next_id: int) -> tuple[dict, dict[str, np.ndarray]]:
+        meta = {"config": self.cfg.config(),
+                "obs_spec": None if self.obs_spec is None else [list(self.obs_spec[0]), self.obs_spec[1].str]}
+        arrays = {"succ": self.succ[:size], "stream": self.stream[:size], "head": self.head,
+                  "head_open": self.head_open}
+        if self.cfg.shared and self.obs_spec is not None:
+            used = self.final[:size]
+            has = used >= 0
+            # final observations compacted in slot order: entry t belongs to the t-th slot that has one
+            arrays["final_units"] = self.final_units[used[has]]
+            arrays["final_slots"] = np.flatnonzero(has).astype(np.int64)
+            ring_ids = self._ring_ids(next_id) % self.ring
+            arrays["units"] = self.units[ring_ids]  # in id order, only what was written
+            arrays["head_units"] = self.head_units
+            if self.cfg.frame_stack:
+                arrays["rpred"] = self.rpred[ring_ids]
+        return meta, arrays
+
+    def load_state_dict(self, meta: dict, arrays: dict[str, np.ndarray], size: int, next_id: int,
+                        storage: dict[str, np.ndarray]) -> None:
+        """Restore from :meth:`state_dict`, checking every value (the file is untrusted)."""
+        from perx.samplers.base import check_array, check_keys
+
+        cfg = self.cfg
+        cap = self.capacity
+        spec = meta.get("obs_spec")
+        if cfg.shared and spec is not None:
+            try:
+                shape, dtype = tuple(int(d) for d in spec[0]), np.dtype(spec[1])
+            except (TypeError, ValueError, IndexError) as err:
+                raise ValueError(f"episodes obs_spec: {_short(spec)} ({err})") from None
+            if dtype.kind not in "biufc" or any(d < 0 for d in shape):
+                raise ValueError(f"episodes obs_spec: {_short(spec)} is not a numeric array layout")
+            self.allocate(shape, dtype)
+        elif cfg.shared and next_id:
+            raise ValueError("episodes: observations are missing for the stored steps")
+        expected = self.state_dict(size, next_id)[1]
+        check_keys(arrays, expected, "episode arrays")
+        for name, arr in expected.items():
+            if name not in ("final_units", "final_slots"):
+                check_array(arrays[name], name, arr.shape, arr.dtype)
+        succ, stream = arrays["succ"], arrays["stream"]
+        head, head_open = arrays["head"], arrays["head_open"]
+        if size and (stream.min() < 0 or stream.max() >= cfg.streams):
+            raise ValueError(f"stream: values must lie in [0, {cfg.streams})")
+        ids = _live_ids(size, next_id, cap)  # the id in each slot
+        if not ((succ == ENDED) | (succ == PENDING) | ((succ > ids) & (succ < next_id))).all():
+            raise ValueError("succ: a step's successor must be a later stored id, -1 (ended) or -2 (pending)")
+        linked = succ >= 0
+        if linked.any() and (stream[succ[linked] % cap] != stream[linked]).any():
+            raise ValueError("succ: a step's successor belongs to another stream")
+        ended = storage["terminated"][:size] | storage["truncated"][:size]
+        if not np.array_equal(succ == ENDED, ended):
+            raise ValueError("succ: -1 (ended) must mark exactly the terminated or truncated steps")
+        if ((head < -1) | (head >= next_id)).any():
+            raise ValueError("head: stream heads must be ids already issued, or -1")
+        open_heads = head[head_open & (head >= max(0, next_id - cap))]
+        if not np.array_equal(np.sort(ids[succ == PENDING]), np.sort(open_heads)):
+            raise ValueError("succ/head: -2 (pending) must mark exactly each open stream's newest step")
+        self.succ[:size], self.stream[:size] = succ, stream
+        self.head[:], self.head_open[:] = head, head_open
+        if not cfg.shared or spec is None:
+            return
+        final_slots, final_units = arrays["final_slots"], arrays["final_units"]
+        if not isinstance(final_slots, np.ndarray) or not np.array_equal(final_slots, np.flatnonzero(succ == ENDED)):
+            raise ValueError("final_slots: must list exactly the slots of the steps that ended an episode")
+        check_array(final_units, "final_units", (len(final_slots), *self.units.shape[1:]), self.units.dtype)
+        ring_ids = self._ring_ids(next_id)
+        if cfg.frame_stack:
+            p = arrays["rpred"]
+            if ((p != -1) & ((p < 0) | (p >= ring_ids))).any():
+                raise ValueError("rpred: a frame's predecessor must be an earlier id, or -1")
+            self.rpred[ring_ids % self.ring] = p
+        self.units[ring_ids % self.ring] = arrays["units"]
+        self.head_units[:] = arrays["head_units"]
+        self.final[:] = -1
+        where = self._take_final(len(final_slots)) if len(final_slots) else np.empty(0, np.int64)
+        self.final_units[where] = final_units
+        self.final[final_slots] = where
+
+
+def _live_ids(size: int, next_id: int, capacity: int) -> np.ndarray:
+    """Ids of slots 0..size-1."""
+    from perx.samplers.base import ids_of_slots
+
+    return ids_of_slots(np.arange(size, dtype=np.int64), next_id, capacity) if size else np.empty(0, np.int64)
+
+
+def _expand(mask: np.ndarray, like: np.ndarray) -> np.ndarray:
+    return mask.reshape(mask.shape + (1,) * (like.ndim - 1))
+
+
+def _stream_array(stream: object, rows: int, streams: int) -> np.ndarray:
+    if stream is None:
+        if streams != 1:
+            raise ValueError(f"stream: this buffer has {streams} streams; say which one each step comes from "
+                             f"with stream=")
+        return np.zeros(rows, np.int64)
+    arr = to_numpy(stream)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"stream: expected integers, got {_short(stream)}")
+    if arr.ndim == 0:
+        arr = np.full(rows, int(arr), np.int64)
+    if arr.shape != (rows,):
+        raise ValueError(f"stream: expected {rows} stream ids, got shape {arr.shape}")
+    if rows and (arr.min() < 0 or arr.max() >= streams):
+        raise ValueError(f"stream: ids must lie in [0, {streams}), got {_short(stream)}")
+    return arr.astype(np.int64)

@@ -1,0 +1,141 @@
+"""Feeding Gymnasium vector environments into a perx buffer, correctly in every autoreset mode.
+
+``VectorRecorder(buffer, envs)`` wraps ``envs.reset`` and ``envs.step`` and writes one transition per
+sub-environment step into the buffer, as stream ``i`` for sub-environment ``i`` (so a buffer with
+``perx.Episodes(streams=envs.num_envs, ...)`` keeps each sub-environment's episodes apart). What it
+handles, per Gymnasium's autoreset mode (``envs.metadata["autoreset_mode"]``):
+
+* next-step (Gymnasium 1.x's default): the step after an episode ends only resets that sub-environment
+  (its action is ignored, its reward is 0, its observation is the reset one). That step is *not* a
+  transition and is not stored; without this, a bogus final -> reset transition crosses the episode
+  boundary.
+* same-step: the step that ends an episode returns the reset observation and puts the final one in
+  ``info["final_obs"]``; the stored transition gets the final observation as ``next_obs``.
+* disabled: the caller resets finished sub-environments with ``recorder.reset(options={"reset_mask":
+  mask})``, which the recorder follows.
+
+``terminated`` and ``truncated`` are stored apart. Gymnasium is not imported: anything with Gymnasium's
+vector API works (``num_envs``, ``reset``, ``step``, ``metadata``). Observations must be arrays (a Dict
+observation space is refused; flatten it with a wrapper first).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from perx._validation import _short
+
+NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
+
+
+def autoreset_mode(envs: Any) -> str:
+    """The autoreset mode of a Gymnasium vector env as a string ("NextStep", "SameStep", "Disabled")."""
+    mode = getattr(envs, "metadata", {}).get("autoreset_mode", NEXT_STEP)
+    value = getattr(mode, "value", mode)
+    if value not in (NEXT_STEP, SAME_STEP, DISABLED):
+        raise ValueError(f"envs: unknown autoreset mode {_short(mode)}")
+    return value
+
+
+class VectorRecorder:
+    """Steps a vector env and stores every real transition in ``buffer`` (see the module docstring).
+
+    Args:
+        buffer: a ``perx.ReplayBuffer``. With ``perx.Episodes`` it needs ``streams >= envs.num_envs``.
+        envs: a Gymnasium vector env.
+        obs: field name of the observation (``next_`` + it for the next one); default the buffer's
+            episode configuration's, else ``"obs"``.
+
+    Use ``obs, info = recorder.reset(seed=...)`` and ``recorder.step(actions)`` in place of the env's own
+    calls; they return what the env returns. ``recorder.transitions`` counts what was stored and
+    ``recorder.skipped`` the reset-only steps dropped.
+    """
+
+    def __init__(self, buffer: Any, envs: Any, *, obs: str | None = None) -> None:
+        self.buffer = buffer
+        self.envs = envs
+        self.num_envs = int(envs.num_envs)
+        self.mode = autoreset_mode(envs)
+        episodes = getattr(buffer, "episodes", None)
+        if episodes is not None and episodes.streams < self.num_envs:
+            raise ValueError(f"buffer: its perx.Episodes has {episodes.streams} streams but the env has "
+                             f"{self.num_envs} sub-environments")
+        self._streams = episodes is not None
+        self.obs_name = obs or (episodes.obs if episodes is not None else "obs")
+        self.next_name = "next_" + self.obs_name
+        self.obs: np.ndarray | None = None
+        self._autoreset = np.zeros(self.num_envs, np.bool_)
+        self.transitions = 0
+        self.skipped = 0
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict]:
+        """``envs.reset(**kwargs)``; with ``options={"reset_mask": mask}`` only those sub-envs restart."""
+        obs, info = self.envs.reset(**kwargs)
+        obs = _as_obs(obs)
+        mask = (kwargs.get("options") or {}).get("reset_mask")
+        if mask is None or self.obs is None:
+            self.obs = obs.copy()
+            self._autoreset[:] = False
+        else:
+            mask = np.asarray(mask, np.bool_)
+            self.obs[mask] = obs[mask]
+            self._autoreset[mask] = False
+        return obs, info
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict]:
+        """``envs.step(actions)``, storing the transitions it completes."""
+        if self.obs is None:
+            raise RuntimeError("VectorRecorder.step: call reset() first")
+        result = self.envs.step(actions)
+        self.record(actions, *result)
+        return result
+
+    def record(self, actions: Any, next_obs: Any, rewards: Any, terminated: Any, truncated: Any,
+               infos: dict) -> np.ndarray:
+        """Store the transitions of one vector step that the caller made itself; returns their ids."""
+        next_obs = _as_obs(next_obs)
+        terminated = np.asarray(terminated, np.bool_)
+        truncated = np.asarray(truncated, np.bool_)
+        actions = np.asarray(actions)
+        rewards = np.asarray(rewards)
+        n = self.num_envs
+        if self.mode == NEXT_STEP:
+            valid = ~self._autoreset  # a sub-env that ended last step only reset now: no transition
+        else:
+            valid = np.ones(n, np.bool_)
+        real_next = next_obs
+        ended = terminated | truncated
+        if self.mode == SAME_STEP and ended.any():
+            real_next = next_obs.copy()
+            final = infos.get("final_obs")
+            if final is None:
+                raise ValueError("infos: same-step autoreset needs info['final_obs'] for the sub-envs that ended")
+            for i in np.flatnonzero(ended):
+                real_next[i] = np.asarray(final[i])
+        ids = np.empty(0, np.int64)
+        if valid.any():
+            rows = np.flatnonzero(valid)
+            fields = {self.obs_name: self.obs[rows], "action": actions[rows], "reward": rewards[rows],
+                      self.next_name: real_next[rows], "terminated": terminated[rows],
+                      "truncated": truncated[rows]}
+            if self._streams:
+                ids = self.buffer.extend(stream=rows, **fields)
+            else:
+                ids = self.buffer.extend(**fields)
+            self.transitions += len(rows)
+        self.skipped += int((~valid).sum())
+        self.obs = next_obs.copy()
+        if self.mode == NEXT_STEP:
+            self._autoreset = ended & valid
+        elif self.mode == DISABLED:
+            self._autoreset = ended
+        return ids
+
+
+def _as_obs(obs: Any) -> np.ndarray:
+    if isinstance(obs, dict):
+        raise TypeError("obs: Dict observations are not supported; flatten them (gymnasium.wrappers."
+                        "FlattenObservation) or store their parts yourself")
+    return np.asarray(obs)

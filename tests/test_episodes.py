@@ -1,0 +1,271 @@
+"""Episodic buffers: n-step windows, next observations and frame stacks stored once, several streams.
+
+Every check compares with a brute-force reference computed from the full list of steps, on random
+layouts: several streams fed in random interleavings (a stream sometimes twice in one extend), episodes
+that terminate or are truncated at random steps, wrap-around, and save/load.
+"""
+
+import numpy as np
+import pytest
+
+import perx
+from perx.episodes import Episodes
+from tests.conftest import SAMPLERS
+
+OBS = 3  # observation vector: [stream, episode, step in episode] (+ 0.5 marks a final observation)
+
+
+class World:
+    """Streams of episodes; every step is a dict of fields plus its stream, kept in id order."""
+
+    def __init__(self, rng, streams, frame_stack=None, padding="first"):
+        self.rng = rng
+        self.streams = streams
+        self.k = frame_stack
+        self.padding = padding
+        self.episode = np.zeros(streams, int)
+        self.t = np.zeros(streams, int)
+        self.steps = []  # in id order
+
+    def frame(self, e, episode, t):
+        return np.array([e, episode, t], np.float32)
+
+    def obs(self, e, episode, t):
+        if not self.k:
+            return self.frame(e, episode, t)
+        frames = []
+        for j in range(t - self.k + 1, t + 1):
+            if j >= 0:
+                frames.append(self.frame(e, episode, j))
+            else:
+                frames.append(np.zeros(OBS, np.float32) if self.padding == "zero" else self.frame(e, episode, 0))
+        return np.stack(frames)
+
+    def step(self, e):
+        ep, t = self.episode[e], self.t[e]
+        r = self.rng.random()
+        term = r < 0.08
+        trunc = not term and r < 0.14
+        step = {"obs": self.obs(e, ep, t), "next_obs": self.obs(e, ep, t + 1), "action": np.int64(t),
+                "reward": np.float32(self.rng.integers(-3, 4)), "terminated": term, "truncated": trunc,
+                "stream": e}
+        self.steps.append(step)
+        if term or trunc:
+            self.episode[e] += 1
+            self.t[e] = 0
+        else:
+            self.t[e] += 1
+        return step
+
+    def window(self, i, n, gamma):
+        """The reference n-step window of step i: (return, discount, steps, bootstrap next_obs)."""
+        e = self.steps[i]["stream"]
+        later = [j for j in range(i, len(self.steps)) if self.steps[j]["stream"] == e]
+        g, d, k, j = 0.0, 1.0, 0, i
+        for j in later:
+            s = self.steps[j]
+            g += d * float(s["reward"])
+            d *= gamma
+            k += 1
+            if s["terminated"]:
+                d = 0.0
+                break
+            if s["truncated"] or k == n:
+                break
+        return g, d, k, self.steps[j]["next_obs"], bool(self.steps[j]["terminated"])
+
+
+def feed(buf, world, rng, total, rounds=False):
+    """Add ``total`` steps in random batches; each batch takes steps of random streams in time order.
+    With ``rounds``, every stream takes one step per round (in a random order), as in a vector env."""
+    pending = []
+    while len(world.steps) < total:
+        if rounds:
+            if not pending:
+                pending = rng.permutation(world.streams).tolist()
+            size = int(rng.integers(1, len(pending) + 1))
+            streams, pending = pending[:size], pending[size:]
+        else:
+            size = int(rng.integers(1, 2 * world.streams + 1))
+            streams = rng.integers(0, world.streams, size)
+        batch = [world.step(int(e)) for e in streams]
+        if size == 1 and rng.random() < 0.5:
+            one = dict(batch[0])
+            stream = one.pop("stream")
+            buf.add(stream=stream, **one)
+        else:
+            fields = {k: np.array([s[k] for s in batch]) for k in batch[0] if k != "stream"}
+            buf.extend(stream=np.array([s["stream"] for s in batch]), **fields)
+
+
+def check_all(buf, world, n, gamma):
+    live = np.arange(max(0, buf.next_index - buf.capacity), buf.next_index)
+    batch = buf.get(live)
+    for row, i in enumerate(live.tolist()):
+        g, d, k, nxt, term = world.window(i, n, gamma)
+        assert batch["steps"][row] == k, (i, batch["steps"][row], k)
+        assert batch["return"][row] == pytest.approx(g, abs=1e-9)
+        assert batch["discount"][row] == pytest.approx(d, abs=1e-12)
+        assert batch["terminated"][row] == term
+        np.testing.assert_array_equal(batch["next_obs"][row], nxt)
+        np.testing.assert_array_equal(batch["obs"][row], world.steps[i]["obs"])
+        assert batch["action"][row] == world.steps[i]["action"]
+
+
+LAYOUTS = [
+    dict(n_step=1, next_obs="stored"),
+    dict(n_step=3, next_obs="stored"),
+    dict(n_step=1, next_obs="shared"),
+    dict(n_step=4, next_obs="shared"),
+    dict(n_step=3, frame_stack=4),
+    dict(n_step=1, frame_stack=2, frame_padding="zero"),
+    dict(n_step=5, frame_stack=3, frame_padding="zero"),
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize("streams", [1, 3])
+@pytest.mark.parametrize("seed", range(3))
+def test_windows_observations_and_stacks_match_brute_force(layout, streams, seed):
+    rng = np.random.default_rng(seed)
+    gamma = 0.9
+    frames = layout.get("frame_stack")
+    # rounds in a random order: consecutive steps of a stream are up to 2 * streams - 1 ids apart
+    margin = {"frame_margin": (frames - 1) * 2 * streams} if frames else {}
+    cfg = Episodes(gamma=gamma, streams=streams, **layout, **margin)
+    capacity = int(rng.choice([7, 20, 64]))
+    buf = perx.ReplayBuffer(capacity, perx.Uniform(), seed=seed, episodes=cfg)
+    world = World(rng, streams, cfg.frame_stack, cfg.frame_padding)
+    for total in (5, 30, 90, 200):  # partially filled, then wrapped around several times
+        feed(buf, world, rng, total, rounds=bool(frames))
+        check_all(buf, world, cfg.n_step, gamma)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[1:], ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize("name", ["uniform", "proportional", "rank", "greedy"])
+def test_save_load_round_trips_an_episodic_buffer(layout, name, tmp_path):
+    rng = np.random.default_rng(4)
+    frames = layout.get("frame_stack")
+    cfg = Episodes(gamma=0.8, streams=2, **layout, **({"frame_margin": 4 * frames} if frames else {}))
+    buf = perx.ReplayBuffer(30, SAMPLERS[name](), seed=1, episodes=cfg)
+    world = World(rng, 2, cfg.frame_stack, cfg.frame_padding)
+    feed(buf, world, rng, 47, rounds=bool(frames))
+    buf.save(tmp_path / "e.npz")
+    twin = perx.ReplayBuffer.load(tmp_path / "e.npz")
+    assert twin.episodes.config() == cfg.config()
+    for _ in range(3):
+        a, b = buf.sample(6), twin.sample(6)
+        np.testing.assert_array_equal(a.indices, b.indices)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+    feed(twin, world, rng, 80, rounds=bool(frames))  # the loaded buffer carries on
+    check_all(twin, world, cfg.n_step, 0.8)
+
+
+def test_every_sampler_works_with_episodes(make_sampler):
+    rng = np.random.default_rng(0)
+    buf = perx.ReplayBuffer(40, make_sampler(), seed=0, episodes=Episodes(n_step=3, streams=2, next_obs="shared"))
+    world = World(rng, 2)
+    feed(buf, world, rng, 60)
+    batch = buf.sample(8, beta=0.5)
+    assert batch["return"].shape == (8,) and batch["obs"].shape == (8, OBS)
+    assert buf.update_priorities(batch.indices, rng.standard_normal(8)) == 8
+
+
+def test_a_step_that_does_not_continue_its_episode_is_refused():
+    rng = np.random.default_rng(0)
+    buf = perx.ReplayBuffer(20, episodes=Episodes(n_step=2, streams=2, next_obs="shared"))
+    world = World(rng, 2)
+    feed(buf, world, rng, 6)
+    e = 0
+    step = world.step(e)
+    wrong = dict(step, obs=step["obs"] + 7)  # not the previous step's next_obs
+    wrong.pop("stream")
+    before = buf.next_index
+    if buf._episodes.head_open[e]:
+        with pytest.raises(ValueError, match="continues an episode"):
+            buf.add(stream=e, **wrong)
+        assert buf.next_index == before
+    with pytest.raises(ValueError, match="stream"):
+        buf.add(stream=5, **wrong)
+    with pytest.raises(ValueError, match="stream"):
+        buf.add(**wrong)  # two streams: the stream must be given
+
+
+def test_the_bogus_reset_step_of_next_step_autoreset_is_refused():
+    """Gymnasium's default autoreset: after an episode ends, the next step of that sub-env only resets it;
+    storing (final obs -> reset obs) as a transition would cross the episode boundary."""
+    buf = perx.ReplayBuffer(20, episodes=Episodes(streams=1, next_obs="shared"))
+    o = lambda v: np.full(2, v, np.float32)  # noqa: E731
+    buf.add(obs=o(0), next_obs=o(1), reward=0.0, terminated=False, truncated=False)
+    buf.add(obs=o(1), next_obs=o(9), reward=1.0, terminated=True, truncated=False)  # episode ends at 9
+    # the bogus step: obs is the final obs 9, next_obs the reset obs 0; it does not *continue* anything,
+    # so it would start an episode... which is refused only if its obs equals a final obs? No: it is a
+    # legal episode start here, which is why the recorder (not the buffer) must drop it.
+    ids = buf.add(obs=o(0), next_obs=o(1), reward=0.0, terminated=False, truncated=False)  # a real start
+    assert buf.get(ids)["steps"][0] == 1
+
+
+def test_frame_stacks_store_each_frame_once():
+    k, frame = 4, (84, 84)
+    cfg = Episodes(n_step=3, frame_stack=k)
+    buf = perx.ReplayBuffer(1000, episodes=cfg)
+    stacked = perx.ReplayBuffer(1000)
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, (1001, *frame), dtype=np.uint8)
+    obs = np.stack([frames[np.maximum(np.arange(t - k + 1, t + 1), 0)] for t in range(1001)])
+    fields = dict(obs=obs[:-1], next_obs=obs[1:], action=np.zeros(1000, np.int64), reward=np.zeros(1000),
+                  terminated=np.zeros(1000, bool), truncated=np.zeros(1000, bool))
+    buf.extend(**fields)
+    stacked.extend(**fields)
+    # frames: 1 per step (plus the margin), against k per obs and k per next_obs stored in full
+    assert buf.nbytes < stacked.nbytes / (2 * k) * 1.3
+    batch = buf.sample(64)
+    np.testing.assert_array_equal(batch["obs"], obs[batch.indices])
+
+
+def test_wrong_padding_and_unshifted_stacks_are_refused():
+    buf = perx.ReplayBuffer(10, episodes=Episodes(frame_stack=3, frame_padding="zero"))
+    first = np.stack([np.full(2, 5.0)] * 3).astype(np.float32)  # padded with the first frame, not zeros
+    nxt = np.stack([first[1], first[2], np.full(2, 6.0, np.float32)])
+    with pytest.raises(ValueError, match="padded"):
+        buf.add(obs=first, next_obs=nxt, reward=0.0, terminated=False, truncated=False)
+    buf2 = perx.ReplayBuffer(10, episodes=Episodes(frame_stack=3))
+    with pytest.raises(ValueError, match="shifted"):
+        buf2.add(obs=first, next_obs=first + 1, reward=0.0, terminated=False, truncated=False)
+    assert len(buf) == 0 and len(buf2) == 0
+
+
+def test_a_stream_that_falls_behind_is_refused_with_frames():
+    cfg = Episodes(frame_stack=2, streams=2)  # margin 2: consecutive steps of a stream <= 2 ids apart
+    buf = perx.ReplayBuffer(10, episodes=cfg)
+    world = World(np.random.default_rng(0), 2, 2)
+    world.rng = np.random.default_rng(1)
+
+    def add(e):
+        s = dict(world.step(e))
+        s.pop("stream")
+        buf.add(stream=e, **s)
+
+    add(0)
+    add(1)
+    add(1)
+    add(1)  # stream 0's next step would be 3 ids after its previous one
+    if buf._episodes.head_open[0]:
+        with pytest.raises(ValueError, match="frame_margin"):
+            add(0)
+
+
+def test_bad_episode_configurations_are_refused():
+    with pytest.raises(ValueError, match="n_step"):
+        Episodes(n_step=0)
+    with pytest.raises(ValueError, match="gamma"):
+        Episodes(gamma=1.5)
+    with pytest.raises(ValueError, match="next_obs"):
+        Episodes(frame_stack=4, next_obs="stored")
+    with pytest.raises(ValueError, match="frame_margin"):
+        Episodes(frame_stack=4, streams=2, frame_margin=3)
+    with pytest.raises(TypeError, match="episodes"):
+        perx.ReplayBuffer(10, episodes={"n_step": 3})
+    with pytest.raises(ValueError, match="stream"):
+        perx.ReplayBuffer(10).add(obs=1.0, stream=0)

@@ -1,0 +1,116 @@
+"""VectorRecorder: real transitions only, in each of Gymnasium's autoreset modes."""
+
+import numpy as np
+import pytest
+
+import perx
+import perx.gym
+
+gym = pytest.importorskip("gymnasium")
+from gymnasium.vector import AutoresetMode, SyncVectorEnv  # noqa: E402
+
+LOG = []  # every real environment step: (sub-env, episode, t after the step, terminated, truncated)
+
+
+class Counter(gym.Env):
+    """Observation [sub-env, episode, t]; episode e of sub-env i lasts LENGTHS[i][e % 3] steps and ends
+    terminated when e is even, truncated when odd. Deterministic, so every boundary is known."""
+
+    LENGTHS = ((3, 1, 4), (2, 5, 1), (6, 2, 2))
+    observation_space = gym.spaces.Box(-np.inf, np.inf, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, index):
+        self.index = index
+        self.episode = -1
+        self.t = 0
+
+    def _obs(self):
+        return np.array([self.index, self.episode, self.t], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        self.episode += 1
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= self.LENGTHS[self.index][self.episode % 3]
+        terminated = done and self.episode % 2 == 0
+        truncated = done and not terminated
+        LOG.append((self.index, self.episode, self.t, terminated, truncated))
+        return self._obs(), float(self.t), terminated, truncated, {}
+
+
+def run(mode, buf, steps=40):
+    LOG.clear()
+    envs = SyncVectorEnv([lambda i=i: Counter(i) for i in range(3)], autoreset_mode=mode)
+    rec = perx.gym.VectorRecorder(buf, envs)
+    rec.reset(seed=0)
+    for _ in range(steps):
+        _, _, term, trunc, _ = rec.step(np.zeros(3, np.int64))
+        if mode == AutoresetMode.DISABLED and (term | trunc).any():
+            rec.reset(options={"reset_mask": term | trunc})
+    return rec
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+@pytest.mark.parametrize("episodic", [False, True])
+def test_only_real_transitions_are_stored(mode, episodic):
+    eps = perx.Episodes(n_step=1, streams=3, next_obs="shared") if episodic else None
+    buf = perx.ReplayBuffer(1000, episodes=eps)
+    rec = run(mode, buf)
+    batch = buf.get(np.arange(len(buf)))
+    obs, nxt = batch["obs"], batch["next_obs"]
+    # no transition crosses an episode boundary: same sub-env, same episode, one step later
+    np.testing.assert_array_equal(obs[:, :2], nxt[:, :2])
+    np.testing.assert_array_equal(nxt[:, 2], obs[:, 2] + 1)
+    np.testing.assert_array_equal(batch["reward"], nxt[:, 2])
+    # exactly the environment's real steps, each once, with terminated and truncated kept apart
+    stored = sorted(zip(nxt[:, 0].astype(int).tolist(), nxt[:, 1].astype(int).tolist(),
+                        nxt[:, 2].astype(int).tolist(), batch["terminated"].tolist(), batch["truncated"].tolist(),
+                        strict=True))
+    assert stored == sorted(LOG)
+    assert any(t for *_, t, _ in LOG) and any(t for *_, t in LOG)  # both kinds of ends happened
+    assert rec.transitions == len(LOG)
+    if mode == AutoresetMode.NEXT_STEP:
+        assert rec.skipped > 0  # the reset-only steps were seen and dropped
+
+
+def test_each_sub_env_keeps_its_own_episode_stream_for_n_step_returns():
+    eps = perx.Episodes(n_step=3, gamma=0.5, streams=3, next_obs="shared")
+    buf = perx.ReplayBuffer(1000, episodes=eps)
+    run(AutoresetMode.NEXT_STEP, buf, steps=30)
+    batch = buf.get(np.arange(len(buf)))
+    for row in range(len(buf)):
+        i, episode, t = batch["obs"][row].astype(int)
+        length = Counter.LENGTHS[i][episode % 3]
+        k = batch["steps"][row]
+        # the window stays inside the episode: it bootstraps from step t + k of the same episode
+        assert tuple(batch["next_obs"][row].astype(int)) == (i, episode, t + k)
+        reached = max(tt for ii, ee, tt, *_ in LOG if (ii, ee) == (i, episode))  # the stream's newest step
+        assert k == min(3, length - t, reached - t)  # full, ended by the episode, or cut at the write head
+        expected = sum(0.5**j * (t + 1 + j) for j in range(k))
+        assert batch["return"][row] == pytest.approx(expected)
+        ended_here = t + k == length
+        assert batch["terminated"][row] == (ended_here and episode % 2 == 0)
+        assert batch["discount"][row] == (0.0 if batch["terminated"][row] else 0.5**k)
+
+
+def test_dict_observations_are_refused_clearly():
+    class Dict(Counter):
+        observation_space = gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,))})
+
+        def reset(self, *, seed=None, options=None):
+            return {"a": np.zeros(2, np.float32)}, {}
+
+    envs = SyncVectorEnv([lambda: Dict(0)])
+    rec = perx.gym.VectorRecorder(perx.ReplayBuffer(10), envs)
+    with pytest.raises(TypeError, match="Dict observations"):
+        rec.reset()
+
+
+def test_too_few_streams_are_refused():
+    envs = SyncVectorEnv([lambda i=i: Counter(i) for i in range(3)])
+    with pytest.raises(ValueError, match="streams"):
+        perx.gym.VectorRecorder(perx.ReplayBuffer(10, episodes=perx.Episodes(streams=2)), envs)
