@@ -1,15 +1,47 @@
-"""`import perx` stays light: no torch, gymnasium or matplotlib."""
+"""`import perx` stays light: no torch, gymnasium, matplotlib, ray or stable-baselines3; layers import downward."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "perx"
+HEAVY = ("torch", "gymnasium", "matplotlib", "tianshou", "cpprb", "stable_baselines3", "ray")
 
 
 def test_import_perx_does_not_import_heavy_frameworks():
     code = (
-        "import sys, perx\n"
-        "heavy = [m for m in ('torch', 'gymnasium', 'matplotlib', 'tianshou', 'cpprb') "
-        "if m in sys.modules]\n"
+        "import sys, perx, perx.gym\n"
+        f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
         "print(','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_core_imports_no_agents_envs_experiments_or_integrations():
+    upper = ("perx.agents", "perx.envs", "perx.experiments", "perx.sb3", "perx.gym", "perx.distributed",
+             "perx.torch", "perx.bench", "perx.cli")
+    core = [p for p in SRC.glob("*.py") if p.stem not in ("sb3", "gym", "bench", "cli", "theory")]
+    core += list((SRC / "samplers").glob("*.py"))
+    for path in core:
+        bad = {m for m in imports(path) if m.startswith(upper) or m.split(".")[0] in HEAVY}
+        assert not bad, f"{path.relative_to(SRC)} imports {sorted(bad)}"
+
+
+def test_integrations_use_the_public_api_not_private_kernels():
+    for name in ("sb3.py", "gym.py"):
+        private = {m for m in imports(SRC / name) if m.startswith("perx.") and any(
+            part.startswith("_") for part in m.split("."))}
+        assert not private, f"{name} imports {sorted(private)}"

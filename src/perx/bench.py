@@ -267,6 +267,116 @@ def run(sizes=(100_000, 1_000_000), batch_sizes=(32, 256), blocks=15, calls=200,
             "load": (load_before, os.getloadavg()), "notes": {}}
 
 
+# -- episodic storage: n-step windows, next observations and frames stored once ---------------------
+
+def _episode_fill(buf: perx.ReplayBuffer, n: int, obs_shape: tuple, dtype, frames: int | None, rng,
+                  episode: int = 1000, chunk: int = 5000) -> None:
+    """Fill ``buf`` with n steps of one stream: episodes of ``episode`` steps, ended alternately by
+    termination and truncation; observations consistent step to step (stacks shifted by one frame)."""
+    unit = obs_shape[1:] if frames else obs_shape
+    pool = (rng.integers(0, 256, (4096, *unit)) if dtype == np.uint8 else
+            rng.standard_normal((4096, *unit))).astype(dtype)
+    for start in range(0, n, chunk):
+        t = np.arange(start, min(n, start + chunk) + 1)
+        ep_t = t % episode  # step within the episode
+        if frames:
+            back = np.maximum(ep_t[:, None] - np.arange(frames - 1, -1, -1), 0)  # pad with the first frame
+            cur = pool[(t[:, None] - ep_t[:, None] + back) % len(pool)]
+        else:
+            cur = pool[t % len(pool)]
+        end = ep_t[1:] == 0  # the step that reaches the next episode's start is the last of this one
+        nxt = cur[1:].copy()
+        if end.any():  # the final observation: the one after the last step, within the same episode
+            if frames:
+                last = cur[:-1][end]
+                nxt[end] = np.concatenate([last[:, 1:], pool[(t[1:][end] + 7) % len(pool)][:, None]], axis=1)
+            else:
+                nxt[end] = pool[(t[1:][end] + 7) % len(pool)]
+        m = len(t) - 1
+        episode_no = t[:-1] // episode
+        buf.extend(obs=cur[:-1], next_obs=nxt, action=rng.integers(0, 4, m), reward=rng.standard_normal(m),
+                   terminated=end & (episode_no % 2 == 0), truncated=end & (episode_no % 2 == 1))
+
+
+def episode_run(n_vec: int = 1_000_000, n_frames: int = 100_000, batch_sizes=(32, 256), blocks: int = 15,
+                calls: int = 200, log=print) -> list[dict]:
+    """Time sample+update (Proportional, alpha 0.6, beta 0.4) for each storage layout; bytes per step."""
+    rng = np.random.default_rng(0)
+    groups = [
+        ("vector obs float32[8]", n_vec, (8,), np.float32, [
+            ("obs and next_obs stored (no episodes)", None),
+            ("Episodes(n_step=1)", perx.Episodes(n_step=1)),
+            ("Episodes(n_step=3)", perx.Episodes(n_step=3)),
+            ("Episodes(n_step=3, next_obs='shared')", perx.Episodes(n_step=3, next_obs="shared")),
+        ]),
+        ("Atari obs uint8[4, 84, 84]", n_frames, (4, 84, 84), np.uint8, [
+            ("stacks stored (no episodes)", None),
+            ("Episodes(n_step=1, frame_stack=4)", perx.Episodes(n_step=1, frame_stack=4)),
+            ("Episodes(n_step=3, frame_stack=4)", perx.Episodes(n_step=3, frame_stack=4)),
+        ]),
+    ]
+    rows = []
+    for group, n, shape, dtype, layouts in groups:
+        bufs = {}
+        for name, episodes in layouts:
+            buf = perx.ReplayBuffer(n, perx.Proportional(alpha=0.6), seed=0, episodes=episodes)
+            _episode_fill(buf, n, shape, dtype, shape[0] if len(shape) == 3 else None, np.random.default_rng(1))
+            bufs[name] = buf
+        pool = rng.random((UPDATE_POOL, max(batch_sizes)))
+        for b in batch_sizes:
+            cells = {name: Cell() for name in bufs}
+            fns = {name: _sample_update(buf, b, pool) for name, buf in bufs.items()}
+            k = calls if b <= 64 else max(20, calls // 4)
+            for fn in fns.values():
+                _time_block(fn, 10)
+            gc.disable()
+            try:
+                for _ in range(blocks):
+                    for name, fn in fns.items():
+                        cells[name].samples.append(_time_block(fn, k))
+            finally:
+                gc.enable()
+            ref = cells[layouts[0][0]].median
+            for name, buf in bufs.items():
+                row = {"group": group, "layout": name, "N": n, "B": b, "time": cells[name].median,
+                       "ratio": cells[name].median / ref,
+                       "bytes": (buf.nbytes - buf.sampler.nbytes) / n}
+                rows.append(row)
+                log(format_episode_row(row))
+        del bufs
+        gc.collect()
+    return rows
+
+
+def _sample_update(buf: perx.ReplayBuffer, b: int, pool: np.ndarray) -> Callable[[], None]:
+    it = [0]
+
+    def iteration():
+        batch = buf.sample(b, beta=0.4)
+        it[0] = (it[0] + 1) % UPDATE_POOL
+        buf.update_priorities(batch.indices, pool[it[0], :b])
+
+    return iteration
+
+
+def format_episode_row(row: dict) -> str:
+    n = f"{row['N']:.0e}".replace("e+0", "e")
+    return (f"| {row['group']} | {row['layout']} | {n} | {row['B']} | {_fmt_time(row['time'])} | "
+            f"{row['ratio']:.2f}x | {row['bytes']:,.0f} |")
+
+
+def format_episode_table(rows: list[dict]) -> str:
+    lines = ["## Episodic storage: n-step windows, observations stored once", "",
+             "Sample+update with `perx.Proportional(alpha=0.6)` (beta = 0.4) on buffers filled with one stream of "
+             "episodes of 1000 steps; ratio = time / the first layout of its group in the same run (interleaved "
+             "blocks, medians). Bytes per transition: the buffer's fields and episode links and observation "
+             "stores, without the sampler's own arrays.", "",
+             "| observations | layout | N | B | sample+update | ratio | bytes per transition |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [format_episode_row(r) for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def _fmt_time(s: float) -> str:
     us = s * 1e6
     return f"{us:.1f} µs" if us < 1000 else f"{us / 1000:.2f} ms"
@@ -330,6 +440,7 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
     parser.add_argument("--blocks", type=int, default=None, help="interleaved timing blocks per cell")
     parser.add_argument("--calls", type=int, default=None, help="calls per block (B <= 64)")
     parser.add_argument("--no-peers", action="store_true", help="skip cpprb and tianshou")
+    parser.add_argument("--no-episodes", action="store_true", help="skip the episodic-storage table")
     parser.add_argument("--out", default=None, help="also write the markdown table to this file")
     args = parser.parse_args(argv)
     blocks = args.blocks or (7 if args.quick else 21)
@@ -341,6 +452,12 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
     result = run(tuple(args.sizes), tuple(args.batch_sizes), blocks=blocks, calls=calls,
                  peers=not args.no_peers, log=lambda line: print(line, flush=True))
     table = format_table(result, command)
+    if not args.no_episodes:
+        print("\n| observations | layout | N | B | sample+update | ratio | bytes per transition |", flush=True)
+        rows = episode_run(n_vec=max(args.sizes), n_frames=20_000 if args.quick else 100_000,
+                           batch_sizes=tuple(args.batch_sizes), blocks=blocks, calls=calls,
+                           log=lambda line: print(line, flush=True))
+        table += "\n" + format_episode_table(rows)
     print()
     print(table)
     if args.out:

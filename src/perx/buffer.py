@@ -256,13 +256,16 @@ class ReplayBuffer:
         return ids
 
     # -- sampling --------------------------------------------------------------------------------
-    def sample(self, batch_size: int, beta: float = 1.0) -> Batch:
+    def sample(self, batch_size: int, beta: float = 1.0, *, replace: bool = True) -> Batch:
         """Draw a batch with replacement, with IS weights for exponent ``beta``.
 
         Args:
             batch_size: B > 0.
             beta: IS exponent in [0, 1] (000 Sec. 3.4); default 1, full correction. Anneal it with
                 ``perx.LinearSchedule``. Ignored by samplers without IS weights.
+            replace: ``False`` for B distinct transitions (B <= the number stored); offered by
+                ``perx.Uniform`` (a uniform subset) and ``perx.Greedy`` (always distinct); the
+                prioritized samplers refuse it, as their weights need per-draw probabilities.
 
         Returns:
             a :class:`Batch`. Cost: O(B log N) plus the copy of B rows of every field. With
@@ -285,7 +288,14 @@ class ReplayBuffer:
         if size == 0:
             raise ValueError("sample: the buffer is empty; add transitions before sampling")
         storage = self._storage
-        slots, ids, probs, weights = self.sampler.sample(batch_size, beta, size, storage.next_id)
+        if replace is True:
+            slots, ids, probs, weights = self.sampler.sample(batch_size, beta, size, storage.next_id)
+        else:
+            check_bool(replace, "replace")
+            if batch_size > size:
+                raise ValueError(f"batch_size: {batch_size} distinct transitions requested (replace=False) but "
+                                 f"only {size} are stored")
+            slots, ids, probs, weights = self.sampler.sample_distinct(batch_size, beta, size, storage.next_id)
         data = {name: arr[slots] for name, arr in storage.data.items()}
         if self._episodes is not None:
             self._episodes.gather(ids, slots, data, storage.data)

@@ -25,8 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from perx._validation import _short
-
 NEXT_STEP, SAME_STEP, DISABLED = "NextStep", "SameStep", "Disabled"
 
 
@@ -35,7 +33,7 @@ def autoreset_mode(envs: Any) -> str:
     mode = getattr(envs, "metadata", {}).get("autoreset_mode", NEXT_STEP)
     value = getattr(mode, "value", mode)
     if value not in (NEXT_STEP, SAME_STEP, DISABLED):
-        raise ValueError(f"envs: unknown autoreset mode {_short(mode)}")
+        raise ValueError(f"envs: unknown autoreset mode {mode!r}")
     return value
 
 

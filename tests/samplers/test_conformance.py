@@ -230,3 +230,19 @@ def test_zero_td_errors_sample_uniformly(make_sampler):
     buf = filled(make_sampler(), capacity=30)
     buf.update_priorities(np.arange(30), np.zeros(30))
     np.testing.assert_allclose(buf.probabilities(), np.full(30, 1 / 30), rtol=1e-12)
+
+
+def test_distinct_batches_where_the_sampler_supports_them(make_sampler):
+    buf = filled(make_sampler(), capacity=30)
+    name = buf.sampler.name
+    if name in ("Uniform", "Greedy"):
+        for _ in range(20):
+            batch = buf.sample(30, replace=False)
+            assert len(set(batch.indices.tolist())) == 30
+        with pytest.raises(ValueError, match="batch_size"):
+            buf.sample(31, replace=False)
+    else:
+        with pytest.raises(ValueError, match="replace"):
+            buf.sample(4, replace=False)
+    with pytest.raises(TypeError, match="replace"):
+        buf.sample(4, replace="no")

@@ -134,6 +134,18 @@ class Sampler:
         """
         raise NotImplementedError
 
+    def sample_distinct(self, batch_size: int, beta: float, size: int, next_id: int
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """As :meth:`sample`, but ``batch_size <= size`` distinct transitions (``sample(replace=False)``).
+
+        Only samplers whose draws without replacement keep exact probabilities and weights offer it.
+        """
+        raise ValueError(
+            f"replace: {type(self).__name__} samples with replacement only: its IS weights need each draw's "
+            f"probability, and weighted sampling without replacement has no closed form for it; use "
+            f"perx.Uniform or perx.Greedy for distinct transitions"
+        )
+
     def update(self, ids: np.ndarray, values: np.ndarray, next_id: int, *, raw: bool) -> int:
         """Apply new TD errors (``raw=False``) or priorities (``raw=True``); return how many applied.
 

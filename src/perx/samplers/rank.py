@@ -432,6 +432,9 @@ class Greedy(_HeapSampler):
         ids = self._ids[_heap.top_k(self._keys, self._ids, size, batch_size)]
         return ids % self.capacity, ids, np.ones(batch_size), np.ones(batch_size)
 
+    def sample_distinct(self, batch_size, beta, size, next_id):
+        return self.sample(batch_size, beta, size, next_id)  # the top k are distinct already
+
     def probabilities(self, slots, size, batch_size=None):
         """1 for transitions that ``sample(batch_size)`` returns (default 1: the maximum), else 0."""
         k = min(1 if batch_size is None else batch_size, size)

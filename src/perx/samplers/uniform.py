@@ -31,5 +31,10 @@ class Uniform(Sampler):
         slots = self._rng.integers(0, size, batch_size)
         return _finish(slots, size, next_id, self.capacity)
 
+    def sample_distinct(self, batch_size, beta, size, next_id):
+        """A uniformly random subset; each draw's probability is still 1/N and every weight 1."""
+        slots = self._rng.choice(size, batch_size, replace=False).astype(np.int64)
+        return _finish(slots, size, next_id, self.capacity)
+
     def probabilities(self, slots, size, batch_size=None):
         return np.full(len(slots), 1.0 / size)

@@ -9,16 +9,28 @@ from perx.buffer import Batch
 
 
 def as_tensors(batch: Batch, device: str | torch.device | None = None,
-               float_dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+               float_dtype: torch.dtype = torch.float32, *, pin_memory: bool | None = None
+               ) -> dict[str, torch.Tensor]:
     """Every field of ``batch`` as a tensor on ``device``, plus ``"weights"`` (float_dtype) and
-    ``"indices"`` (int64). Floating fields become ``float_dtype``; integer and bool fields keep their
-    dtype. Arrays are copied once (``torch.as_tensor`` then ``.to``)."""
+    ``"indices"`` (int64, kept on the host: they go back to ``update_priorities``).
+
+    Floating fields become ``float_dtype``; integer and bool fields keep their dtype. The batch's
+    arrays are fresh copies, so host tensors share their memory (no copy). For a CUDA device the host
+    tensors are pinned (``pin_memory`` default True there) and copied with ``non_blocking=True``, so the
+    copies overlap with whatever the GPU is doing; CUDA's stream order makes them safe to use at once.
+    """
+    device = torch.device(device) if device is not None else None
+    cuda = device is not None and device.type == "cuda"
+    pin = cuda if pin_memory is None else bool(pin_memory)
     out = {}
-    for name, arr in batch.items():
-        t = torch.as_tensor(np.ascontiguousarray(arr))
-        if t.is_floating_point():
+    fields = dict(batch.items())
+    fields["weights"] = batch.weights
+    for name, arr in fields.items():
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+        if t.is_floating_point() and t.dtype != float_dtype:
             t = t.to(float_dtype)
-        out[name] = t.to(device) if device is not None else t
-    out["weights"] = torch.as_tensor(batch.weights, dtype=float_dtype, device=device)
-    out["indices"] = torch.as_tensor(batch.indices, device=device)
+        if pin:
+            t = t.pin_memory()
+        out[name] = t.to(device, non_blocking=pin) if device is not None else t
+    out["indices"] = torch.from_numpy(np.ascontiguousarray(batch.indices))
     return out
