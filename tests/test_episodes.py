@@ -172,9 +172,10 @@ def test_every_sampler_works_with_episodes(make_sampler):
     assert buf.update_priorities(batch.indices, rng.standard_normal(8)) == 8
 
 
-def test_a_step_that_does_not_continue_its_episode_is_refused():
+@pytest.mark.parametrize("next_obs", ["stored", "shared"])
+def test_a_step_that_does_not_continue_its_episode_is_refused(next_obs):
     rng = np.random.default_rng(0)
-    buf = perx.ReplayBuffer(20, episodes=Episodes(n_step=2, streams=2, next_obs="shared"))
+    buf = perx.ReplayBuffer(20, episodes=Episodes(n_step=2, streams=2, next_obs=next_obs))
     world = World(rng, 2)
     feed(buf, world, rng, 6)
     e = 0
@@ -182,10 +183,15 @@ def test_a_step_that_does_not_continue_its_episode_is_refused():
     wrong = dict(step, obs=step["obs"] + 7)  # not the previous step's next_obs
     wrong.pop("stream")
     before = buf.next_index
-    if buf._episodes.head_open[e]:
-        with pytest.raises(ValueError, match="continues an episode"):
-            buf.add(stream=e, **wrong)
-        assert buf.next_index == before
+    assert buf._episodes.head_open[e]  # (seed 0: stream 0's episode goes on)
+    with pytest.raises(ValueError, match="continues an episode"):
+        buf.add(stream=e, **wrong)
+    assert buf.next_index == before
+    with pytest.raises(ValueError, match="continues an episode"):  # the same inside one extend
+        fields = {k: np.array([v, v]) for k, v in wrong.items()}
+        fields["obs"][0] = step["obs"]
+        buf.extend(stream=np.array([e, e]), **fields)
+    assert buf.next_index == before
     with pytest.raises(ValueError, match="stream"):
         buf.add(stream=5, **wrong)
     with pytest.raises(ValueError, match="stream"):

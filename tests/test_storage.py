@@ -84,3 +84,14 @@ def test_bad_spec_is_refused():
         perx.ReplayBuffer(4, spec={"obs": "float32"})
     with pytest.raises(TypeError, match="spec"):
         perx.ReplayBuffer(4, spec=[("obs", (3,), np.float32)])
+
+
+def test_a_cast_error_on_an_inferred_field_says_where_the_dtype_came_from():
+    buf = perx.ReplayBuffer(4)
+    buf.add(obs=np.zeros(2, np.float32), action=1)  # action inferred as int64
+    with pytest.raises(TypeError, match=r"inferred from the first add.*spec=\{'action'"):
+        buf.add(obs=np.zeros(2, np.float32), action=0.5)
+    explicit = perx.ReplayBuffer(4, spec={"obs": ((2,), np.float32), "action": ((), np.int64)})
+    with pytest.raises(TypeError) as info:
+        explicit.add(obs=np.zeros(2, np.float32), action=0.5)
+    assert "inferred" not in str(info.value)

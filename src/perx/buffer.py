@@ -245,7 +245,17 @@ class ReplayBuffer:
         term = arrays["terminated"] if batched else arrays["terminated"][None]
         trunc = arrays["truncated"] if batched else arrays["truncated"][None]
         next_id = storage.next_id
-        plan = store.prepare(obs, nxt, term, trunc, stream, rows, next_id)
+        stored_next = None
+        if not cfg.shared:
+            if cfg.check and (cfg.obs not in arrays or cfg.next_name not in arrays):
+                raise ValueError(f"fields: an episodic buffer needs {cfg.obs!r} and {cfg.next_name!r} (or "
+                                 f"perx.Episodes(check=False))")
+            if cfg.check:
+                obs, nxt = arrays[cfg.obs], arrays[cfg.next_name]
+                if not batched:
+                    obs, nxt = obs[None], nxt[None]
+                stored_next = storage.data.get(cfg.next_name)
+        plan = store.prepare(obs, nxt, term, trunc, stream, rows, next_id, stored_next)
         # everything is validated: from here on nothing can fail
         if cfg.shared and obs_new is not None:
             self._obs_check._allocate(obs_new)
@@ -296,9 +306,12 @@ class ReplayBuffer:
                 raise ValueError(f"batch_size: {batch_size} distinct transitions requested (replace=False) but "
                                  f"only {size} are stored")
             slots, ids, probs, weights = self.sampler.sample_distinct(batch_size, beta, size, storage.next_id)
-        data = {name: arr[slots] for name, arr in storage.data.items()}
-        if self._episodes is not None:
-            self._episodes.gather(ids, slots, data, storage.data)
+        store = self._episodes
+        if store is None:
+            data = {name: arr[slots] for name, arr in storage.data.items()}
+        else:
+            data = {name: arr[slots] for name, arr in storage.data.items() if name not in store.derived}
+            store.gather(ids, slots, data, storage.data)
         return Batch(data, ids, weights, probs)
 
     def get(self, indices) -> Batch:
@@ -311,9 +324,10 @@ class ReplayBuffer:
         ids = self._live(as_index_array(indices, "indices"))
         storage = self._storage
         slots = ids % self.capacity
-        data = {name: arr[slots] for name, arr in storage.data.items()}
-        if self._episodes is not None:
-            self._episodes.gather(ids, slots, data, storage.data)
+        store = self._episodes
+        data = {name: arr[slots] for name, arr in storage.data.items() if store is None or name not in store.derived}
+        if store is not None:
+            store.gather(ids, slots, data, storage.data)
         probs = self.sampler.probabilities(slots, len(self)) if len(ids) else np.empty(0)
         return Batch(data, ids, np.ones(len(ids)), probs)
 

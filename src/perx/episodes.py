@@ -116,77 +116,95 @@ class Episodes:
 
 # -- kernels -------------------------------------------------------------------------------------------
 
+@njit(cache=True, nogil=True, inline="always")
+def _copy_row(dst, d, src, r):
+    for t in range(dst.shape[1]):
+        dst[d, t] = src[r, t]
+
+
 @njit(cache=True, nogil=True)
-def window(ids, succ, reward, terminated, truncated, capacity, n, gamma):
-    """n-step windows of the steps ``ids``: (return, discount, steps, last id, terminated, truncated)."""
-    count = ids.shape[0]
-    ret = np.empty(count)
-    disc = np.empty(count)
-    steps = np.empty(count, np.int64)
-    last = np.empty(count, np.int64)
-    term = np.zeros(count, np.bool_)
-    trunc = np.zeros(count, np.bool_)
-    for b in range(count):
+def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, disc, steps, last, term, trunc,
+            shared, units, rpred, ring, final_units, final, head_units, stream, k, zero_padding, obs, nxt):
+    """The n-step windows of ``ids`` (return, discount, steps, last id, how they ended) and, with shared
+    observations, the observations of ``ids`` and the next observations of the windows' last steps, copied
+    row by row into ``obs`` / ``nxt`` (2-D views: one row per unit; k rows per sample with frames)."""
+    for b in range(ids.shape[0]):
         j = ids[b]
         g = 0.0
         d = 1.0
-        k = 0
+        m = 0
+        ended_term = False
+        ended_trunc = False
         while True:
             s = j % capacity
             g += d * reward[s]
             d *= gamma
-            k += 1
+            m += 1
             if terminated[s]:
                 d = 0.0
-                term[b] = True
+                ended_term = True
                 break
             if truncated[s]:
-                trunc[b] = True
+                ended_trunc = True
                 break
-            nxt = succ[s]
-            if k == n or nxt < 0:  # window full, or the stream's newest step (PENDING)
+            after = succ[s]
+            if m == n or after < 0:  # window full, or the stream's newest step (PENDING)
                 break
-            j = nxt
+            j = after
         ret[b] = g
         disc[b] = d
-        steps[b] = k
+        steps[b] = m
         last[b] = j
-    return ret, disc, steps, last, term, trunc
-
-
-@njit(cache=True, nogil=True)
-def chains(ids, rpred, ring, k, zero_padding):
-    """Ring ids of the k frames of each step's stack, oldest first; -1 marks a zero-padding frame."""
-    count = ids.shape[0]
-    out = np.empty((count, k), np.int64)
-    for b in range(count):
-        c = ids[b]
-        out[b, k - 1] = c
-        for t in range(k - 2, -1, -1):
-            p = rpred[c % ring] if c >= 0 else -1
-            if p >= 0:
-                c = p
-                out[b, t] = c
-            else:  # before the episode's first frame: padding
-                if zero_padding:
+        term[b] = ended_term
+        trunc[b] = ended_trunc
+        if not shared:
+            continue
+        # where the window's next observation (or its newest frame) is
+        s = j % capacity
+        after = succ[s]
+        if k == 0:
+            _copy_row(obs, b, units, ids[b] % ring)
+            if after >= 0:
+                _copy_row(nxt, b, units, after % ring)
+            elif after == ENDED:
+                _copy_row(nxt, b, final_units, final[s])
+            else:
+                _copy_row(nxt, b, head_units, stream[s])
+            continue
+        # frames: walk back through the episode for the stack of ids[b], then for that of j
+        for which in range(2):
+            c = ids[b] if which == 0 else j
+            dst = obs if which == 0 else nxt
+            top = k - 1 if which == 0 else k - 2  # the next stack's newest frame is filled below
+            if which == 1:
+                if after >= 0:
+                    _copy_row(nxt, b * k + k - 1, units, after % ring)
+                elif after == ENDED:
+                    _copy_row(nxt, b * k + k - 1, final_units, final[s])
+                else:
+                    _copy_row(nxt, b * k + k - 1, head_units, stream[s])
+            for t in range(top, -1, -1):
+                if c >= 0:
+                    _copy_row(dst, b * k + t, units, c % ring)
+                else:
+                    for col in range(dst.shape[1]):
+                        dst[b * k + t, col] = 0
+                p = rpred[c % ring] if c >= 0 else -1
+                if p >= 0:
+                    c = p
+                elif zero_padding:
                     c = -1
-                out[b, t] = c
-    return out
+                # "first" padding: c stays at the episode's first frame
 
 
-@njit(cache=True, nogil=True)
-def chain_lengths(heads, rpred, ring, depth):
-    """For each id in ``heads``, the oldest id reachable by at most ``depth`` pred steps."""
-    out = np.empty(heads.shape[0], np.int64)
-    for b in range(heads.shape[0]):
-        c = heads[b]
-        for _ in range(depth):
-            p = rpred[c % ring]
-            if p < 0:
-                break
-            c = p
-        out[b] = c
-    return out
+def _rows(arr: np.ndarray, count: int | None = None) -> np.ndarray:
+    """A 2-D view of ``arr``: one row per unit (observation or frame)."""
+    rows = len(arr) if count is None else count
+    return arr.reshape(rows, -1) if arr.size else arr.reshape(rows, 0)
+
+
+_NO_UNITS = (False, np.zeros((1, 1)), np.zeros(1, np.int64), 1, np.zeros((1, 1)), np.zeros(1, np.int64),
+             np.zeros((1, 1)), np.zeros(1, np.int64), 0, False, np.zeros((1, 1)), np.zeros((1, 1)))
 
 
 # -- the store -----------------------------------------------------------------------------------------
@@ -205,6 +223,8 @@ class EpisodeStore:
         self.head_open = np.zeros(streams, np.bool_)  # does that step's episode go on?
         self.final = np.full(capacity, -1, np.int64) if cfg.shared else np.empty(0, np.int64)
         self.rpred = np.full(self.ring, -1, np.int64) if cfg.frame_stack else np.empty(0, np.int64)
+        #: Stored fields a batch does not copy at the sampled rows: gather() computes them for the window.
+        self.derived = frozenset(("terminated", "truncated") + (() if cfg.shared else (cfg.next_name,)))
         self.obs_spec: tuple[tuple[int, ...], np.dtype] | None = None
         self.units = self.final_units = self.head_units = None
         self.final_free = np.empty(0, np.int64)
@@ -236,10 +256,12 @@ class EpisodeStore:
 
     # writing -------------------------------------------------------------------------------------
     def prepare(self, obs: np.ndarray | None, next_obs: np.ndarray | None, terminated: np.ndarray,
-                truncated: np.ndarray, stream: object, rows: int, next_id: int) -> dict:
+                truncated: np.ndarray, stream: object, rows: int, next_id: int,
+                stored_next: np.ndarray | None = None) -> dict:
         """Validate one batch of steps (``rows`` of them, ids ``next_id ...``) and work out their links.
-        Changes nothing; returns the plan that :meth:`write` applies. ``obs``/``next_obs`` are given only
-        when they are stored here (``next_obs="shared"``)."""
+        Changes nothing; returns the plan that :meth:`write` applies. ``obs``/``next_obs`` are the batch's
+        (batched arrays); ``stored_next`` is the storage's next-observation field when it is stored there
+        (``next_obs="stored"``), for checking that a step continues the one written before it."""
         cfg = self.cfg
         e = _stream_array(stream, rows, cfg.streams)
         ended = np.asarray(terminated, np.bool_) | np.asarray(truncated, np.bool_)
@@ -256,25 +278,20 @@ class EpisodeStore:
         pred = np.where(continuing, np.where(inside, ids[np.maximum(prev_in, 0)], self.head[e]), -1)
         plan = {"e": e, "ended": ended, "pred": pred, "prev_in": prev_in, "next_in": next_in,
                 "continuing": continuing}
-        if not cfg.shared:
-            return plan
-        new_spec = None
-        if self.obs_spec is None:
-            new_spec = (obs.shape[1:], obs.dtype)
-            if cfg.frame_stack and (obs.ndim < 2 or obs.shape[1] != cfg.frame_stack):
-                raise ValueError(f"{cfg.obs}: frame_stack={cfg.frame_stack} needs observations of shape "
-                                 f"({cfg.frame_stack}, ...), got {obs.shape[1:]}")
-        plan["new_spec"] = new_spec
-        k = cfg.frame_stack
-        if k:
-            cur, nxt = obs[:, -1], next_obs[:, -1]  # the one new frame of each
-            if k > 1:
+        if cfg.shared:
+            new_spec = None
+            if self.obs_spec is None:
+                new_spec = (obs.shape[1:], obs.dtype)
+                if cfg.frame_stack and (obs.ndim < 2 or obs.shape[1] != cfg.frame_stack):
+                    raise ValueError(f"{cfg.obs}: frame_stack={cfg.frame_stack} needs observations of shape "
+                                     f"({cfg.frame_stack}, ...), got {obs.shape[1:]}")
+            plan["new_spec"] = new_spec
+            k = cfg.frame_stack
+            if k and k > 1:
                 self._check_gaps(ids, pred, continuing, inside)
-        else:
-            cur, nxt = obs, next_obs
-        plan["cur"], plan["nxt"] = cur, nxt
+            plan["cur"], plan["nxt"] = (obs[:, -1], next_obs[:, -1]) if k else (obs, next_obs)
         if cfg.check:
-            self._check_continuity(obs, next_obs, plan, new_spec is not None)
+            self._check_continuity(obs, next_obs, plan, stored_next, next_id)
         return plan
 
     def _check_gaps(self, ids, pred, continuing, inside):
@@ -289,34 +306,34 @@ class EpisodeStore:
                 f"frame_margin in perx.Episodes"
             )
 
-    def _check_continuity(self, obs, next_obs, plan, first_batch):
+    def _check_continuity(self, obs, next_obs, plan, stored_next, next_id):
+        """A continuing step's observation must be its predecessor's next observation (for stacks: the
+        newest frames must agree, and each stack must be the previous one shifted by one frame)."""
         cfg = self.cfg
         cont, prev_in, e = plan["continuing"], plan["prev_in"], plan["e"]
         rows = len(e)
         inside = prev_in >= 0
-        # what each continuing step's observation must equal: the predecessor's next observation
-        if cfg.frame_stack:
-            k = cfg.frame_stack
-            if k > 1:
-                # a stack is the previous stack shifted by one frame: next_obs[:-1] == obs[1:]
-                shifted = np.all((next_obs[:, :-1] == obs[:, 1:]).reshape(rows, -1), axis=1)
-                if not shifted.all():
-                    b = int(np.flatnonzero(~shifted)[0])
-                    raise ValueError(f"{cfg.next_name}: row {b} is not its {cfg.obs} shifted by one frame "
-                                     f"({cfg.next_name}[:-1] must equal {cfg.obs}[1:])")
-            newest = obs[:, -1]
-            expected_from_batch = next_obs[np.maximum(prev_in, 0), -1]
-        else:
-            newest = obs
-            expected_from_batch = next_obs[np.maximum(prev_in, 0)]
-        if not first_batch and cont.any():
-            from_head = self.head_units[e] if self.head_units is not None else None
-            expected = np.where(_expand(inside, newest), expected_from_batch, from_head)
-            bad = cont & ~np.all((newest == expected).reshape(rows, -1), axis=1)
-        elif cont.any():  # first batch: only predecessors inside it
-            bad = cont & inside & ~np.all((newest == expected_from_batch).reshape(rows, -1), axis=1)
-        else:
-            bad = np.zeros(rows, np.bool_)
+        k = cfg.frame_stack
+        if k and k > 1:
+            shifted = np.all((next_obs[:, :-1] == obs[:, 1:]).reshape(rows, -1), axis=1)
+            if not shifted.all():
+                b = int(np.flatnonzero(~shifted)[0])
+                raise ValueError(f"{cfg.next_name}: row {b} is not its {cfg.obs} shifted by one frame "
+                                 f"({cfg.next_name}[:-1] must equal {cfg.obs}[1:])")
+        newest = obs[:, -1] if k else obs
+        expected = (next_obs[:, -1] if k else next_obs)[np.maximum(prev_in, 0)]  # predecessors in the batch
+        known = cont & inside
+        from_head = cont & ~inside
+        if from_head.any():
+            if cfg.shared:  # the stream's pending next observation (or its newest frame)
+                expected = np.where(_expand(inside, newest), expected, self.head_units[e])
+                known = cont
+            elif stored_next is not None:  # the predecessor's stored next_obs, while it is still stored
+                head = self.head[e]
+                stored = from_head & (head >= next_id - self.capacity)
+                expected = np.where(_expand(stored, newest), stored_next[head % self.capacity], expected)
+                known = known | stored
+        bad = known & ~np.all((newest == expected).reshape(rows, -1), axis=1)
         if bad.any():
             b = int(np.flatnonzero(bad)[0])
             raise ValueError(
@@ -326,8 +343,7 @@ class EpisodeStore:
                 f"Gymnasium's next-step autoreset, the step that only resets a sub-environment is not a "
                 f"transition: use perx.gym.VectorRecorder, which drops it"
             )
-        if cfg.frame_stack and cfg.frame_stack > 1:
-            k = cfg.frame_stack
+        if k and k > 1:
             starts = ~cont
             pad = obs[:, :-1]
             want = np.zeros_like(pad) if cfg.frame_padding == "zero" else np.repeat(obs[:, -1:], k - 1, axis=1)
@@ -401,63 +417,32 @@ class EpisodeStore:
     # sampling ------------------------------------------------------------------------------------
     def gather(self, ids: np.ndarray, slots: np.ndarray, data: dict[str, np.ndarray],
                storage: dict[str, np.ndarray]) -> None:
-        """Add the episode fields of a batch to ``data`` (the rows of the stored fields at ``slots``)."""
+        """Add the episode fields of a batch to ``data`` (the rows of the stored fields at ``slots``):
+        one compiled pass computes the windows and copies the observations."""
         cfg = self.cfg
         cap = self.capacity
-        ret, disc, steps, last, term, trunc = window(
-            ids, self.succ, storage["reward"], storage["terminated"], storage["truncated"], cap, cfg.n_step,
-            cfg.gamma)
-        data["return"] = ret
-        data["discount"] = disc
-        data["steps"] = steps
-        data["terminated"] = term
-        data["truncated"] = trunc
+        count = len(ids)
+        ret, disc = np.empty(count), np.empty(count)
+        steps, last = np.empty(count, np.int64), np.empty(count, np.int64)
+        term, trunc = np.empty(count, np.bool_), np.empty(count, np.bool_)
+        out = (ret, disc, steps, last, term, trunc)
         if not cfg.shared:
+            _gather(ids, self.succ, storage["reward"], storage["terminated"], storage["truncated"], cap,
+                    cfg.n_step, cfg.gamma, *out, *_NO_UNITS)
             data[cfg.next_name] = storage[cfg.next_name][last % cap]
-            return
-        data[cfg.obs] = self._stacks(ids)
-        data[cfg.next_name] = self._next(last)
-
-    def _units_of(self, ring_ids: np.ndarray) -> np.ndarray:
-        """Units (frames, or whole observations) at ring ids; -1 gives zeros."""
-        out = self.units[ring_ids % self.ring]
-        pad = ring_ids < 0
-        if pad.any():
-            out[pad] = 0
-        return out
-
-    def _stacks(self, ids: np.ndarray) -> np.ndarray:
-        k = self.cfg.frame_stack
-        if not k:
-            return self.units[ids % self.ring]
-        chain = chains(ids, self.rpred, self.ring, k, self.cfg.frame_padding == "zero")
-        return self._units_of(chain.reshape(-1)).reshape(len(ids), k, *self.units.shape[1:])
-
-    def _next(self, last: np.ndarray) -> np.ndarray:
-        """Next observation of each step in ``last``: its successor's, its episode's final one, or its
-        stream's pending one."""
-        cap = self.capacity
-        s = last % cap
-        nxt = self.succ[s]
-        k = self.cfg.frame_stack
-        if k:
-            chain = chains(last, self.rpred, self.ring, k, self.cfg.frame_padding == "zero")
-            frames = self._units_of(chain.reshape(-1)).reshape(len(last), k, *self.units.shape[1:])
-            out = np.empty_like(frames)
-            out[:, :-1] = frames[:, 1:]
-            newest = out[:, -1]
         else:
-            out = self.units[np.maximum(nxt, 0) % self.ring]
-            newest = out
-        if k:
-            newest[:] = self.units[np.maximum(nxt, 0) % self.ring]
-        ended = nxt == ENDED
-        if ended.any():
-            newest[ended] = self.final_units[self.final[s[ended]]]
-        pending = nxt == PENDING
-        if pending.any():
-            newest[pending] = self.head_units[self.stream[s[pending]]]
-        return out
+            shape = self.units.shape[1:]
+            k = cfg.frame_stack or 1
+            obs = np.empty((count, k, *shape) if cfg.frame_stack else (count, *shape), self.units.dtype)
+            nxt = np.empty_like(obs)
+            _gather(ids, self.succ, storage["reward"], storage["terminated"], storage["truncated"], cap,
+                    cfg.n_step, cfg.gamma, *out, True, _rows(self.units), self.rpred, self.ring,
+                    _rows(self.final_units), self.final, _rows(self.head_units), self.stream,
+                    cfg.frame_stack or 0, cfg.frame_padding == "zero", _rows(obs, count * k), _rows(nxt, count * k))
+            data[cfg.obs] = obs
+            data[cfg.next_name] = nxt
+        data["return"], data["discount"], data["steps"] = ret, disc, steps
+        data["terminated"], data["truncated"] = term, trunc
 
     # state ---------------------------------------------------------------------------------------
     def _ring_ids(self, next_id: int) -> np.ndarray:
