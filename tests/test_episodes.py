@@ -275,3 +275,124 @@ def test_bad_episode_configurations_are_refused():
         perx.ReplayBuffer(10, episodes={"n_step": 3})
     with pytest.raises(ValueError, match="stream"):
         perx.ReplayBuffer(10).add(obs=1.0, stream=0)
+
+
+# -- found by an independent review (each reproduced first) --------------------------------------------
+
+def _step(o, n, r=0.0, term=False, trunc=False):
+    return {"obs": o, "next_obs": n, "reward": r, "terminated": term, "truncated": trunc}
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_next_obs_must_match_the_layout_of_obs(check):
+    buf = perx.ReplayBuffer(10, perx.Proportional(), episodes=Episodes(next_obs="shared", check=check))
+    with pytest.raises(TypeError, match="next_obs"):  # 300.0 would have been stored in uint8 as 44
+        buf.add(**_step(np.array([1, 2], np.uint8), np.array([300.0, 0.5])))
+    with pytest.raises(ValueError, match="next_obs"):  # (1,) would have broadcast into (3,)
+        buf.add(**_step(np.zeros(3, np.float32), np.ones(1, np.float32)))
+    assert len(buf) == 0 and buf.spec is None
+    buf.add(**_step(np.zeros(3, np.float32), np.ones(3, np.float32)))
+    assert buf.sample(1)["next_obs"].tolist() == [[1.0, 1.0, 1.0]]
+
+
+@pytest.mark.parametrize(("fields", "error", "match"), [
+    ({"reward": np.float16(1.0)}, TypeError, "reward"),
+    ({"reward": 1 + 2j}, TypeError, "reward"),
+    ({"reward": np.ones(1)}, TypeError, "reward"),
+    ({"obs": np.zeros(2, np.float16), "next_obs": np.zeros(2, np.float16)}, TypeError, "float16"),
+    ({"steps": 3}, ValueError, "steps"),
+    ({"discount": 0.5}, ValueError, "discount"),
+])
+def test_fields_a_batch_could_not_be_computed_from_are_refused_at_add(fields, error, match):
+    buf = perx.ReplayBuffer(10, episodes=Episodes(next_obs="shared"))
+    step = _step(np.zeros(2, np.float32), np.ones(2, np.float32))
+    step.update(fields)
+    with pytest.raises(error, match=match):
+        buf.add(**step)
+    assert len(buf) == 0
+
+
+def test_next_obs_is_required_even_without_checks():
+    buf = perx.ReplayBuffer(10, episodes=Episodes(next_obs="stored", check=False))
+    with pytest.raises(ValueError, match="next_obs"):
+        buf.add(obs=np.zeros(2), reward=0.0, terminated=False, truncated=False)
+
+
+def test_a_file_missing_a_needed_field_is_refused_at_load(tmp_path):
+    from tests.test_hardening import members, rewrite
+
+    buf = perx.ReplayBuffer(10, episodes=Episodes(n_step=2, next_obs="shared"))
+    buf.add(**_step(np.zeros(2, np.float32), np.ones(2, np.float32)))
+    path = tmp_path / "e.npz"
+    buf.save(path)
+    meta, arrays = members(path)
+    del meta["spec"]["reward"], arrays["data/reward"]
+    rewrite(path, meta, arrays)
+    with pytest.raises(ValueError, match="reward"):
+        perx.ReplayBuffer.load(path)
+
+
+def test_every_frame_of_a_continuing_stack_is_checked():
+    buf = perx.ReplayBuffer(10, episodes=Episodes(frame_stack=3))
+    f = lambda v: np.full(2, v, np.float32)  # noqa: E731
+    buf.add(**_step(np.stack([f(1), f(1), f(1)]), np.stack([f(1), f(1), f(2)])))
+    with pytest.raises(ValueError, match="continues an episode"):  # older frame 9 is not the 1 stored
+        buf.add(**_step(np.stack([f(9), f(1), f(2)]), np.stack([f(1), f(2), f(3)])))
+    buf.add(**_step(np.stack([f(1), f(1), f(2)]), np.stack([f(1), f(2), f(3)])))
+    assert len(buf) == 2
+
+
+def test_observations_with_nan_can_be_continued():
+    buf = perx.ReplayBuffer(10, episodes=Episodes(next_obs="shared"))
+    o = np.array([np.nan, 1.0], np.float32)
+    buf.add(**_step(o, o + 1))
+    buf.add(**_step(o + 1, o + 2))
+    assert len(buf) == 2
+
+
+def test_a_failed_first_allocation_stores_nothing():
+    buf = perx.ReplayBuffer(10**7, perx.Proportional(), episodes=Episodes(next_obs="shared"))
+    big = np.zeros(10**7, np.uint8)
+    with pytest.raises(MemoryError, match="capacity"):
+        buf.add(**_step(big, big))
+    assert len(buf) == 0 and buf.spec is None and buf._storage.spec is None
+    buf2 = perx.ReplayBuffer(10, perx.Proportional(), episodes=Episodes(next_obs="shared"))
+    buf2.add(**_step(np.zeros(2, np.float32), np.ones(2, np.float32)))  # the normal path still works
+    assert len(buf2) == 1
+
+
+def test_a_step_both_terminated_and_truncated_reports_both_and_does_not_bootstrap():
+    buf = perx.ReplayBuffer(10, episodes=Episodes(n_step=3, gamma=0.5))
+    buf.add(**_step(np.zeros(1), np.ones(1), r=1.0))
+    buf.add(**_step(np.ones(1), np.full(1, 2.0), r=1.0, term=True, trunc=True))
+    batch = buf.get([0, 1])
+    assert batch["terminated"].tolist() == [True, True] and batch["truncated"].tolist() == [True, True]
+    assert batch["discount"].tolist() == [0.0, 0.0] and batch["return"].tolist() == [1.5, 1.0]
+
+
+@pytest.mark.parametrize("next_obs", ["stored", "shared"])
+def test_end_episodes_cuts_an_abandoned_episode_as_a_truncation(next_obs):
+    buf = perx.ReplayBuffer(10, episodes=Episodes(n_step=3, gamma=0.5, next_obs=next_obs))
+    buf.add(**_step(np.zeros(1), np.ones(1), r=1.0))
+    buf.add(**_step(np.ones(1), np.full(1, 2.0), r=1.0))
+    assert buf.end_episodes() == 1
+    buf.add(**_step(np.full(1, 7.0), np.full(1, 8.0), r=4.0))  # a new episode: anything may start it
+    batch = buf.get([0, 1, 2])
+    assert batch["steps"].tolist() == [2, 1, 1] and batch["truncated"].tolist() == [True, True, False]
+    assert batch["next_obs"][:2, 0].tolist() == [2.0, 2.0]  # bootstrap from the abandoned episode's last obs
+    assert batch["discount"].tolist() == [0.25, 0.5, 0.5]
+
+
+def test_a_crafted_head_of_another_stream_is_refused(tmp_path):
+    from tests.test_hardening import members, rewrite
+
+    buf = perx.ReplayBuffer(10, episodes=Episodes(streams=2, next_obs="shared"))
+    o = np.zeros((2, 2), np.float32)
+    buf.extend(**{k: np.array([v, v]) for k, v in _step(o[0], o[0] + 1).items()}, stream=[0, 1])
+    path = tmp_path / "e.npz"
+    buf.save(path)
+    meta, arrays = members(path)
+    arrays["episodes/head"] = arrays["episodes/head"][::-1].copy()
+    rewrite(path, meta, arrays)
+    with pytest.raises(ValueError, match="head"):
+        perx.ReplayBuffer.load(path)

@@ -114,3 +114,34 @@ def test_too_few_streams_are_refused():
     envs = SyncVectorEnv([lambda i=i: Counter(i) for i in range(3)])
     with pytest.raises(ValueError, match="streams"):
         perx.gym.VectorRecorder(perx.ReplayBuffer(10, episodes=perx.Episodes(streams=2)), envs)
+
+
+def test_a_reset_in_the_middle_of_episodes_ends_them_in_the_buffer():
+    eps = perx.Episodes(n_step=3, gamma=0.5, streams=3, next_obs="shared")
+    buf = perx.ReplayBuffer(100, episodes=eps)
+    envs = SyncVectorEnv([lambda i=i: Counter(i) for i in range(3)])
+    rec = perx.gym.VectorRecorder(buf, envs)
+    rec.reset(seed=0)
+    rec.step(np.zeros(3, np.int64))
+    rec.reset(seed=1)  # e.g. a re-seed: every running episode is abandoned
+    rec.step(np.zeros(3, np.int64))  # accepted: new episodes
+    batch = buf.get(np.arange(len(buf)))
+    np.testing.assert_array_equal(batch["obs"][:, :2], batch["next_obs"][:, :2])  # no window crosses the reset
+
+
+def test_a_masked_reset_restarts_only_those_sub_envs():
+    buf = perx.ReplayBuffer(100, episodes=perx.Episodes(streams=3, next_obs="shared"))
+    envs = SyncVectorEnv([lambda i=i: Counter(i) for i in range(3)], autoreset_mode=AutoresetMode.NEXT_STEP)
+    rec = perx.gym.VectorRecorder(buf, envs)
+    rec.reset(seed=0)
+    for _ in range(3):  # sub-env 0's first episode lasts 3 steps: it now owes a reset-only step
+        rec.step(np.zeros(3, np.int64))
+    owed = rec._autoreset.copy()
+    assert owed.tolist() == [True, False, False]
+    options = {"reset_mask": np.array([False, False, True])}
+    rec.reset(options=options)
+    assert (rec._autoreset[:2] == owed[:2]).all() and not rec._autoreset[2]
+    for _ in range(5):
+        rec.step(np.zeros(3, np.int64))
+    batch = buf.get(np.arange(len(buf)))
+    np.testing.assert_array_equal(batch["obs"][:, :2], batch["next_obs"][:, :2])

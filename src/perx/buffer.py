@@ -125,6 +125,8 @@ class ReplayBuffer:
         store = None
         if episodes is not None:
             store = EpisodeStore(capacity, episodes)
+            if storage.spec is not None:
+                store.check_spec(storage.spec)
             if obs_spec is not None:
                 store.allocate(obs_spec[episodes.obs].shape, obs_spec[episodes.obs].dtype)
         sampler._bind(capacity)
@@ -219,8 +221,12 @@ class ReplayBuffer:
             ids, slots = storage.write(arrays, rows, new_spec, batched=batched)
             self.sampler.on_add(slots, ids[rows - len(slots):])
             return ids
-        cfg = self.episodes
+        return self._write_episodes(fields, stream, batched)
+
+    def _write_episodes(self, fields: dict, stream: Any, batched: bool) -> np.ndarray:
+        cfg, store, storage = self.episodes, self._episodes, self._storage
         obs = nxt = None
+        obs_new = None
         if cfg.shared:
             names = (cfg.obs, cfg.next_name)
             missing = [n for n in names if n not in fields]
@@ -228,16 +234,17 @@ class ReplayBuffer:
                 raise ValueError(f"fields: an episodic buffer needs {missing}")
             obs_fields = {n: fields[n] for n in names}
             fields = {n: v for n, v in fields.items() if n not in names}
-            obs_arrays, obs_rows, obs_new = self._obs_check.prepare(obs_fields, batched=batched)
+            checker = self._obs_check
+            if checker.spec is None:
+                # the first add fixes one layout for both, from obs; next_obs is then cast and checked against it
+                unit = checker._infer_spec({cfg.obs: obs_fields[cfg.obs]}, batched)[cfg.obs]
+                store.check_obs(unit.shape, unit.dtype)
+                obs_new = {cfg.obs: unit, cfg.next_name: unit}
+                checker = Storage(1, obs_new)
+            obs_arrays, obs_rows, _ = checker.prepare(obs_fields, batched=batched)
             obs, nxt = (obs_arrays[n] if batched else obs_arrays[n][None] for n in names)
         arrays, rows, new_spec = storage.prepare(fields, batched=batched)
-        for name in ("reward", "terminated", "truncated"):
-            if name not in arrays:
-                raise ValueError(f"fields: an episodic buffer needs {name!r}")
-        for name in ("terminated", "truncated"):
-            dtype = (new_spec or storage.spec)[name].dtype
-            if dtype != np.bool_:
-                raise TypeError(f"{name}: an episodic buffer stores it as bool, got dtype {dtype}")
+        store.check_spec(new_spec or storage.spec)
         if cfg.shared and obs_rows != rows:
             raise ValueError(f"{cfg.obs}: has {obs_rows} rows but the other fields have {rows}")
         if rows == 0:
@@ -246,24 +253,54 @@ class ReplayBuffer:
         trunc = arrays["truncated"] if batched else arrays["truncated"][None]
         next_id = storage.next_id
         stored_next = None
-        if not cfg.shared:
-            if cfg.check and (cfg.obs not in arrays or cfg.next_name not in arrays):
-                raise ValueError(f"fields: an episodic buffer needs {cfg.obs!r} and {cfg.next_name!r} (or "
-                                 f"perx.Episodes(check=False))")
-            if cfg.check:
-                obs, nxt = arrays[cfg.obs], arrays[cfg.next_name]
-                if not batched:
-                    obs, nxt = obs[None], nxt[None]
-                stored_next = storage.data.get(cfg.next_name)
+        if not cfg.shared and cfg.check:
+            obs, nxt = arrays[cfg.obs], arrays[cfg.next_name]
+            if not batched:
+                obs, nxt = obs[None], nxt[None]
+            stored_next = storage.data.get(cfg.next_name)
         plan = store.prepare(obs, nxt, term, trunc, stream, rows, next_id, stored_next)
-        # everything is validated: from here on nothing can fail
-        if cfg.shared and obs_new is not None:
-            self._obs_check._allocate(obs_new)
-            self._obs_check.inferred = True
-        ids, slots = storage.write(arrays, rows, new_spec, batched=batched)
+        # Everything is validated. Allocate what this first add fixes (all or nothing), then write: from
+        # here on nothing can fail.
+        if new_spec is not None or obs_new is not None:
+            try:
+                if new_spec is not None:
+                    storage._allocate(new_spec)
+                if obs_new is not None:
+                    store.allocate(obs_new[cfg.obs].shape, obs_new[cfg.obs].dtype)
+            except MemoryError:
+                if new_spec is not None:  # all or nothing: give the storage's new arrays back too
+                    storage.spec, storage.data, storage._castable = None, {}, {}
+                raise
+            if new_spec is not None:
+                storage.inferred = True
+            if obs_new is not None:
+                self._obs_check._allocate(obs_new)
+                self._obs_check.inferred = True
+        ids, slots = storage.write(arrays, rows, None, batched=batched)
         store.write(plan, ids, slots, next_id)
         self.sampler.on_add(slots, ids[rows - len(slots):])
         return ids
+
+    def end_episodes(self, streams: Any = None) -> int:
+        """End the episodes still open in ``streams`` (default: all) at their newest stored steps.
+
+        For a buffer with :class:`perx.Episodes` whose environment was reset in the middle of an
+        episode: those steps are marked truncated (so n-step windows stop there and bootstrap from their
+        next observation), and the streams' next steps start new episodes. ``perx.gym.VectorRecorder``
+        calls it on every reset. Returns how many stored steps were marked.
+        """
+        if self._episodes is None:
+            raise ValueError("end_episodes: only buffers with episodes=perx.Episodes(...) have episodes")
+        cfg = self.episodes
+        if streams is None:
+            e = np.arange(cfg.streams)
+        else:
+            e = np.atleast_1d(as_index_array(streams, "streams"))
+            if len(e) and (e.min() < 0 or e.max() >= cfg.streams):
+                raise ValueError(f"streams: ids must lie in [0, {cfg.streams}), got {_short(streams)}")
+        if self._storage.spec is None:
+            return 0
+        return self._episodes.end_episodes(e, self._storage.data, self._storage.next_id)
 
     # -- sampling --------------------------------------------------------------------------------
     def sample(self, batch_size: int, beta: float = 1.0, *, replace: bool = True) -> Batch:
@@ -458,7 +495,8 @@ class ReplayBuffer:
                                  f"truncated or corrupted, or was crafted ({type(err).__name__}: {err})") from err
 
 
-_LOCKED = ("add", "extend", "sample", "get", "update_priorities", "set_priorities", "probabilities", "save")
+_LOCKED = ("add", "extend", "sample", "get", "update_priorities", "set_priorities", "probabilities", "save",
+           "end_episodes")
 
 
 def _locked(method, lock):

@@ -44,6 +44,14 @@ from perx._validation import _short, check_bool, check_choice, check_positive_in
 
 ENDED = -1
 PENDING = -2
+#: Batch keys an episodic buffer computes; no stored field may have these names.
+RESERVED = ("return", "discount", "steps")
+#: Observation dtypes the compiled gather copies (numba has no float16 or long double arrays).
+OBS_DTYPES = frozenset(np.dtype(t) for t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                             np.uint32, np.uint64, np.float32, np.float64, np.complex64,
+                                             np.complex128))
+REWARD_DTYPES = frozenset(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                                np.uint32, np.uint64, np.float32, np.float64))
 
 
 class Episodes:
@@ -123,6 +131,33 @@ def _copy_row(dst, d, src, r):
 
 
 @njit(cache=True, nogil=True)
+def _walk(dst, base, top, c, units, rpred, ring, zero_padding):
+    """Copy the frames of the stack ending at id ``c`` into rows base+top, base+top-1, ..., base (newest
+    first), walking back through the episode; before its first frame: padding."""
+    for t in range(top, -1, -1):
+        if c >= 0:
+            _copy_row(dst, base + t, units, c % ring)
+        else:
+            for col in range(dst.shape[1]):
+                dst[base + t, col] = 0
+        p = rpred[c % ring] if c >= 0 else -1
+        if p >= 0:
+            c = p
+        elif zero_padding:
+            c = -1
+        # "first" padding: c stays at the episode's first frame
+
+
+@njit(cache=True, nogil=True)
+def _next_stacks(heads, streams, rpred, ring, units, head_units, k, zero_padding, out):
+    """The full next observation (a stack) of each stream's newest step: its stack shifted by one
+    frame, then the stream's pending newest frame."""
+    for b in range(heads.shape[0]):
+        _walk(out, b * k, k - 2, heads[b], units, rpred, ring, zero_padding)
+        _copy_row(out, b * k + k - 1, head_units, streams[b])
+
+
+@njit(cache=True, nogil=True)
 def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, disc, steps, last, term, trunc,
             shared, units, rpred, ring, final_units, final, head_units, stream, k, zero_padding, obs, nxt):
     """The n-step windows of ``ids`` (return, discount, steps, last id, how they ended) and, with shared
@@ -140,12 +175,11 @@ def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, d
             g += d * reward[s]
             d *= gamma
             m += 1
-            if terminated[s]:
-                d = 0.0
-                ended_term = True
-                break
-            if truncated[s]:
-                ended_trunc = True
+            if terminated[s] or truncated[s]:
+                ended_term = terminated[s]
+                ended_trunc = truncated[s]  # both can be true: then no bootstrap (terminated wins)
+                if ended_term:
+                    d = 0.0
                 break
             after = succ[s]
             if m == n or after < 0:  # window full, or the stream's newest step (PENDING)
@@ -171,30 +205,15 @@ def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, d
             else:
                 _copy_row(nxt, b, head_units, stream[s])
             continue
-        # frames: walk back through the episode for the stack of ids[b], then for that of j
-        for which in range(2):
-            c = ids[b] if which == 0 else j
-            dst = obs if which == 0 else nxt
-            top = k - 1 if which == 0 else k - 2  # the next stack's newest frame is filled below
-            if which == 1:
-                if after >= 0:
-                    _copy_row(nxt, b * k + k - 1, units, after % ring)
-                elif after == ENDED:
-                    _copy_row(nxt, b * k + k - 1, final_units, final[s])
-                else:
-                    _copy_row(nxt, b * k + k - 1, head_units, stream[s])
-            for t in range(top, -1, -1):
-                if c >= 0:
-                    _copy_row(dst, b * k + t, units, c % ring)
-                else:
-                    for col in range(dst.shape[1]):
-                        dst[b * k + t, col] = 0
-                p = rpred[c % ring] if c >= 0 else -1
-                if p >= 0:
-                    c = p
-                elif zero_padding:
-                    c = -1
-                # "first" padding: c stays at the episode's first frame
+        # frames: the stack of ids[b], then that of j shifted by one frame and the next newest frame
+        _walk(obs, b * k, k - 1, ids[b], units, rpred, ring, zero_padding)
+        _walk(nxt, b * k, k - 2, j, units, rpred, ring, zero_padding)
+        if after >= 0:
+            _copy_row(nxt, b * k + k - 1, units, after % ring)
+        elif after == ENDED:
+            _copy_row(nxt, b * k + k - 1, final_units, final[s])
+        else:
+            _copy_row(nxt, b * k + k - 1, head_units, stream[s])
 
 
 def _rows(arr: np.ndarray, count: int | None = None) -> np.ndarray:
@@ -229,13 +248,45 @@ class EpisodeStore:
         self.units = self.final_units = self.head_units = None
         self.final_free = np.empty(0, np.int64)
 
-    # layout of the shared observation store ------------------------------------------------------
+    # layouts -------------------------------------------------------------------------------------
+    def check_spec(self, spec: dict) -> None:
+        """Raise unless the stored fields (``{name: FieldSpec}``; observations excluded in shared mode) are
+        what an episodic buffer needs: a real scalar ``reward``, bool scalars ``terminated`` and
+        ``truncated``, ``next_obs`` (stored mode), and no field named like a computed batch key."""
+        cfg = self.cfg
+        clash = sorted(set(spec) & set(RESERVED))
+        if clash:
+            raise ValueError(f"fields: {clash} name values an episodic batch computes; rename them")
+        needed = ["reward", "terminated", "truncated"]
+        if not cfg.shared:
+            needed += [cfg.obs, cfg.next_name] if cfg.check else [cfg.next_name]
+        missing = [n for n in needed if n not in spec]
+        if missing:
+            raise ValueError(f"fields: an episodic buffer needs {missing}")
+        reward = spec["reward"]
+        if reward.shape != () or reward.dtype not in REWARD_DTYPES:
+            raise TypeError(f"reward: an episodic buffer needs a scalar int or float32/float64 reward, got "
+                            f"{reward.dtype}{list(reward.shape)}")
+        for name in ("terminated", "truncated"):
+            if spec[name].shape != () or spec[name].dtype != np.bool_:
+                raise TypeError(f"{name}: an episodic buffer stores it as a bool scalar, got "
+                                f"{spec[name].dtype}{list(spec[name].shape)}")
+        if not cfg.shared and cfg.obs in spec and spec[cfg.obs] != spec[cfg.next_name]:
+            raise ValueError(f"{cfg.next_name}: must have the shape and dtype of {cfg.obs}")
+
+    def check_obs(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        cfg = self.cfg
+        if cfg.frame_stack and (len(shape) == 0 or shape[0] != cfg.frame_stack):
+            raise ValueError(f"{cfg.obs}: frame_stack={cfg.frame_stack} needs observations of shape "
+                             f"({cfg.frame_stack}, ...), got {shape}")
+        if np.dtype(dtype) not in OBS_DTYPES:
+            raise TypeError(f"{cfg.obs}: observations of dtype {dtype} cannot be stored once (the compiled "
+                            f"gather supports bool, integers, float32/64 and complex64/128)")
+
     def allocate(self, obs_shape: tuple[int, ...], dtype: np.dtype) -> None:
         """Fix the observation shape (the stack's shape with frames) and allocate the stores."""
         cfg = self.cfg
-        if cfg.frame_stack and (len(obs_shape) == 0 or obs_shape[0] != cfg.frame_stack):
-            raise ValueError(f"{cfg.obs}: frame_stack={cfg.frame_stack} needs observations of shape "
-                             f"({cfg.frame_stack}, ...), got {obs_shape}")
+        self.check_obs(obs_shape, dtype)
         unit = obs_shape[1:] if cfg.frame_stack else obs_shape
         try:
             units = np.zeros((self.ring, *unit), dtype)
@@ -279,13 +330,6 @@ class EpisodeStore:
         plan = {"e": e, "ended": ended, "pred": pred, "prev_in": prev_in, "next_in": next_in,
                 "continuing": continuing}
         if cfg.shared:
-            new_spec = None
-            if self.obs_spec is None:
-                new_spec = (obs.shape[1:], obs.dtype)
-                if cfg.frame_stack and (obs.ndim < 2 or obs.shape[1] != cfg.frame_stack):
-                    raise ValueError(f"{cfg.obs}: frame_stack={cfg.frame_stack} needs observations of shape "
-                                     f"({cfg.frame_stack}, ...), got {obs.shape[1:]}")
-            plan["new_spec"] = new_spec
             k = cfg.frame_stack
             if k and k > 1:
                 self._check_gaps(ids, pred, continuing, inside)
@@ -307,60 +351,86 @@ class EpisodeStore:
             )
 
     def _check_continuity(self, obs, next_obs, plan, stored_next, next_id):
-        """A continuing step's observation must be its predecessor's next observation (for stacks: the
-        newest frames must agree, and each stack must be the previous one shifted by one frame)."""
+        """A continuing step's observation must be its predecessor's next observation; with stacks, each
+        step's next stack must also be its stack shifted by one frame, and an episode's first stack must
+        be padded as configured. NaN equals NaN here."""
         cfg = self.cfg
         cont, prev_in, e = plan["continuing"], plan["prev_in"], plan["e"]
-        rows = len(e)
         inside = prev_in >= 0
         k = cfg.frame_stack
         if k and k > 1:
-            shifted = np.all((next_obs[:, :-1] == obs[:, 1:]).reshape(rows, -1), axis=1)
+            shifted = _same_rows(next_obs[:, :-1], obs[:, 1:])
             if not shifted.all():
                 b = int(np.flatnonzero(~shifted)[0])
                 raise ValueError(f"{cfg.next_name}: row {b} is not its {cfg.obs} shifted by one frame "
                                  f"({cfg.next_name}[:-1] must equal {cfg.obs}[1:])")
-        newest = obs[:, -1] if k else obs
-        expected = (next_obs[:, -1] if k else next_obs)[np.maximum(prev_in, 0)]  # predecessors in the batch
+        expected = next_obs[np.maximum(prev_in, 0)]  # predecessors inside the batch
         known = cont & inside
         from_head = cont & ~inside
         if from_head.any():
-            if cfg.shared:  # the stream's pending next observation (or its newest frame)
-                expected = np.where(_expand(inside, newest), expected, self.head_units[e])
+            rows_h = np.flatnonzero(from_head)
+            heads = self.head[e[rows_h]]
+            if cfg.shared and self.units is not None:
+                if k:
+                    stacks = np.empty((len(rows_h), *obs.shape[1:]), obs.dtype)
+                    _next_stacks(heads, e[rows_h], self.rpred, self.ring, _rows(self.units), _rows(self.head_units),
+                                 k, cfg.frame_padding == "zero", _rows(stacks, len(rows_h) * k))
+                    expected[rows_h] = stacks
+                else:
+                    expected[rows_h] = self.head_units[e[rows_h]]
                 known = cont
             elif stored_next is not None:  # the predecessor's stored next_obs, while it is still stored
-                head = self.head[e]
-                stored = from_head & (head >= next_id - self.capacity)
-                expected = np.where(_expand(stored, newest), stored_next[head % self.capacity], expected)
-                known = known | stored
-        bad = known & ~np.all((newest == expected).reshape(rows, -1), axis=1)
+                live = heads >= next_id - self.capacity
+                expected[rows_h[live]] = stored_next[heads[live] % self.capacity]
+                known = known.copy()
+                known[rows_h[live]] = True
+        bad = known & ~_same_rows(obs, expected)
         if bad.any():
             b = int(np.flatnonzero(bad)[0])
             raise ValueError(
                 f"{cfg.obs}: row {b} (stream {int(e[b])}) continues an episode but its observation is not the "
                 f"previous step's {cfg.next_name}. Every step of an episode must follow the one before in "
-                f"its stream (after an episode ends, the next step of that stream starts a new one); with "
-                f"Gymnasium's next-step autoreset, the step that only resets a sub-environment is not a "
-                f"transition: use perx.gym.VectorRecorder, which drops it"
+                f"its stream, and a new episode starts only after a terminated or truncated step (end an "
+                f"abandoned one with buffer.end_episodes). With Gymnasium's next-step autoreset the step "
+                f"that only resets a sub-environment is not a transition: perx.gym.VectorRecorder drops it"
             )
         if k and k > 1:
             starts = ~cont
             pad = obs[:, :-1]
             want = np.zeros_like(pad) if cfg.frame_padding == "zero" else np.repeat(obs[:, -1:], k - 1, axis=1)
-            ok = np.all((pad == want).reshape(rows, -1), axis=1)
-            if (starts & ~ok).any():
-                b = int(np.flatnonzero(starts & ~ok)[0])
+            bad = starts & ~_same_rows(pad, want)
+            if bad.any():
+                b = int(np.flatnonzero(bad)[0])
                 raise ValueError(
                     f"{cfg.obs}: row {b} starts an episode but its stack is not padded with "
                     f"{'zeros' if cfg.frame_padding == 'zero' else 'its first frame'} "
                     f"(frame_padding={cfg.frame_padding!r}); set frame_padding to match the environment")
 
+    def end_episodes(self, streams: np.ndarray, storage: dict[str, np.ndarray], next_id: int) -> int:
+        """End the open episodes of ``streams`` at their newest stored steps, as truncations (they
+        bootstrap from their next observations). Returns how many were still stored and got marked."""
+        marked = 0
+        for e in np.unique(streams).tolist():
+            if not self.head_open[e]:
+                continue
+            head = int(self.head[e])
+            self.head_open[e] = False
+            if head < next_id - self.capacity:
+                continue  # already overwritten: nothing stored to mark
+            s = head % self.capacity
+            storage["truncated"][s] = True
+            self.succ[s] = ENDED
+            if self.cfg.shared:
+                where = self._take_final(1)
+                self.final_units[where] = self.head_units[e]
+                self.final[s] = where[0]
+            marked += 1
+        return marked
+
     def write(self, plan: dict, ids: np.ndarray, slots: np.ndarray, next_id_before: int) -> None:
         """Apply a plan after the storage wrote rows ``ids`` (the kept ones at ``slots``)."""
         cfg = self.cfg
         rows = len(ids)
-        if cfg.shared and plan["new_spec"] is not None:
-            self.allocate(*plan["new_spec"])
         e, ended, pred, next_in = plan["e"], plan["ended"], plan["pred"], plan["next_in"]
         kept = len(slots)
         first_kept = rows - kept
@@ -505,6 +575,9 @@ class EpisodeStore:
             raise ValueError("succ: -1 (ended) must mark exactly the terminated or truncated steps")
         if ((head < -1) | (head >= next_id)).any():
             raise ValueError("head: stream heads must be ids already issued, or -1")
+        live_head = (head >= 0) & (head >= next_id - cap)
+        if (stream[head[live_head] % cap] != np.flatnonzero(live_head)).any():
+            raise ValueError("head: a stream's newest step must belong to that stream")
         open_heads = head[head_open & (head >= max(0, next_id - cap))]
         if not np.array_equal(np.sort(ids[succ == PENDING]), np.sort(open_heads)):
             raise ValueError("succ/head: -2 (pending) must mark exactly each open stream's newest step")
@@ -528,6 +601,14 @@ class EpisodeStore:
         where = self._take_final(len(final_slots)) if len(final_slots) else np.empty(0, np.int64)
         self.final_units[where] = final_units
         self.final[final_slots] = where
+
+
+def _same_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise equality of two arrays of equal shape, NaN equal to NaN."""
+    eq = a == b
+    if a.dtype.kind in "fc":
+        eq |= (a != a) & (b != b)
+    return np.all(eq.reshape(len(a), -1), axis=1)
 
 
 def _live_ids(size: int, next_id: int, capacity: int) -> np.ndarray:

@@ -69,17 +69,21 @@ class VectorRecorder:
         self.skipped = 0
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict]:
-        """``envs.reset(**kwargs)``; with ``options={"reset_mask": mask}`` only those sub-envs restart."""
+        """``envs.reset(**kwargs)``; with ``options={"reset_mask": mask}`` only those sub-envs restart.
+
+        An episode that a reset cuts short ends in the buffer at its last stored step, as a truncation
+        (``buffer.end_episodes``), so no n-step window runs across the reset."""
+        mask = (kwargs.get("options") or {}).get("reset_mask")  # read first: Gymnasium pops it
+        mask = np.ones(self.num_envs, np.bool_) if mask is None or self.obs is None else np.array(mask, np.bool_)
         obs, info = self.envs.reset(**kwargs)
         obs = _as_obs(obs)
-        mask = (kwargs.get("options") or {}).get("reset_mask")
-        if mask is None or self.obs is None:
+        if self._streams:
+            self.buffer.end_episodes(np.flatnonzero(mask))
+        if self.obs is None:
             self.obs = obs.copy()
-            self._autoreset[:] = False
         else:
-            mask = np.asarray(mask, np.bool_)
             self.obs[mask] = obs[mask]
-            self._autoreset[mask] = False
+        self._autoreset[mask] = False
         return obs, info
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict]:
@@ -127,8 +131,6 @@ class VectorRecorder:
         self.obs = next_obs.copy()
         if self.mode == NEXT_STEP:
             self._autoreset = ended & valid
-        elif self.mode == DISABLED:
-            self._autoreset = ended
         return ids
 
 
