@@ -145,3 +145,20 @@ def test_a_masked_reset_restarts_only_those_sub_envs():
         rec.step(np.zeros(3, np.int64))
     batch = buf.get(np.arange(len(buf)))
     np.testing.assert_array_equal(batch["obs"][:, :2], batch["next_obs"][:, :2])
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+def test_one_buffer_per_sub_env(mode):
+    bufs = [perx.ReplayBuffer(200, episodes=perx.Episodes(n_step=2, next_obs="shared")) for _ in range(3)]
+    LOG.clear()
+    envs = SyncVectorEnv([lambda i=i: Counter(i) for i in range(3)], autoreset_mode=mode)
+    rec = perx.gym.VectorRecorder(bufs, envs)
+    rec.reset(seed=0)
+    for _ in range(30):
+        _, _, term, trunc, _ = rec.step(np.zeros(3, np.int64))
+        if mode == AutoresetMode.DISABLED and (term | trunc).any():
+            rec.reset(options={"reset_mask": term | trunc})
+    for i, buf in enumerate(bufs):
+        batch = buf.get(np.arange(len(buf)))
+        assert (batch["obs"][:, 0] == i).all()  # only sub-env i's steps
+        assert len(buf) == sum(1 for entry in LOG if entry[0] == i)

@@ -8,6 +8,9 @@ USAGE = """usage: perx <command> [options]
 
 commands:
   cliffwalk  the Blind Cliffwalk study of PER Figures 1 and 2 (updates to convergence vs memory size)
+  dqn      train Double DQN with uniform, PER, rank, LAP or PAL replay (one run, or seeds in lockstep)
+  study    run or resume a grid of DQN runs (envs x variants x seeds), then plot it
+  plot     learning curves and the table of 004 Table 2 for a study
   bench    time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)
   rank-tv  total-variation distance of heap-mode rank-based sampling from the power law
   theory   check the loss/sampling equivalence (Fujimoto et al. 2020) exactly; plot the losses
@@ -29,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         from perx.experiments.cliffwalk import main as cliffwalk_main
 
         return cliffwalk_main(rest, prog="perx cliffwalk")
+    if command in ("dqn", "study", "plot"):
+        from perx.experiments import study
+
+        run = {"dqn": study.dqn_main, "study": study.study_main, "plot": study.plot_main}[command]
+        return run(rest, prog=f"perx {command}")
     if command == "rank-tv":
         from perx.experiments.rank_tv import main as rank_tv_main
 

@@ -42,6 +42,8 @@ class VectorRecorder:
 
     Args:
         buffer: a ``perx.ReplayBuffer``. With ``perx.Episodes`` it needs ``streams >= envs.num_envs``.
+            Or a list of ``envs.num_envs`` buffers: sub-env i then writes to buffer i (as its stream 0),
+            e.g. one buffer per independent run trained in lockstep.
         envs: a Gymnasium vector env.
         obs: field name of the observation (``next_`` + it for the next one); default the buffer's
             episode configuration's, else ``"obs"``.
@@ -56,8 +58,12 @@ class VectorRecorder:
         self.envs = envs
         self.num_envs = int(envs.num_envs)
         self.mode = autoreset_mode(envs)
-        episodes = getattr(buffer, "episodes", None)
-        if episodes is not None and episodes.streams < self.num_envs:
+        self._split = isinstance(buffer, list | tuple)
+        if self._split and len(buffer) != self.num_envs:
+            raise ValueError(f"buffer: a list of {len(buffer)} buffers for {self.num_envs} sub-environments")
+        first = buffer[0] if self._split else buffer
+        episodes = getattr(first, "episodes", None)
+        if not self._split and episodes is not None and episodes.streams < self.num_envs:
             raise ValueError(f"buffer: its perx.Episodes has {episodes.streams} streams but the env has "
                              f"{self.num_envs} sub-environments")
         self._streams = episodes is not None
@@ -77,7 +83,10 @@ class VectorRecorder:
         mask = np.ones(self.num_envs, np.bool_) if mask is None or self.obs is None else np.array(mask, np.bool_)
         obs, info = self.envs.reset(**kwargs)
         obs = _as_obs(obs)
-        if self._streams:
+        if self._streams and self._split:
+            for i in np.flatnonzero(mask):
+                self.buffer[i].end_episodes()
+        elif self._streams:
             self.buffer.end_episodes(np.flatnonzero(mask))
         if self.obs is None:
             self.obs = obs.copy()
@@ -122,7 +131,10 @@ class VectorRecorder:
             fields = {self.obs_name: self.obs[rows], "action": actions[rows], "reward": rewards[rows],
                       self.next_name: real_next[rows], "terminated": terminated[rows],
                       "truncated": truncated[rows]}
-            if self._streams:
+            if self._split:  # sub-env i -> buffer i; the ids returned are each buffer's own
+                ids = np.concatenate([self.buffer[i].extend(**{k: v[t:t + 1] for k, v in fields.items()})
+                                      for t, i in enumerate(rows.tolist())])
+            elif self._streams:
                 ids = self.buffer.extend(stream=rows, **fields)
             else:
                 ids = self.buffer.extend(**fields)

@@ -1,0 +1,314 @@
+"""``perx dqn`` (one run, or seeds in lockstep), ``perx study`` (a resumable grid of envs x variants x seeds)
+and ``perx plot`` (learning curves with 95% bands, and the table of 004 Table 2).
+
+Layout: ``results/<study>/<env>/<variant>/seed=<s>/{metrics.csv, config.json, done, checkpoint/}``
+(``<env>`` is the id with ``/`` -> ``-``), ``results/<study>/study.json`` (the grid), and from ``perx plot``
+``curves.png``, ``final.csv``, ``table.md``. ``checkpoint/`` is not meant for git (it holds the replay
+buffer); the rest is.
+
+The grid is cut into lockstep groups, fixed by the grid alone: the runs of one environment in the order
+variant, seed, ``group`` at a time. Each group trains in one process (networks stacked along a run axis,
+one torch thread), ``workers`` processes at a time. A finished run has a ``done`` file and is skipped; an
+interrupted group restarts from its runs' last checkpoint and continues exactly as if never interrupted
+(same groups, same order: the grid decides them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import multiprocessing as mp
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from perx.agents.dqn import VARIANTS, DQNConfig
+
+DEFAULT_ENVS = ("MinAtar/Breakout-v0", "MinAtar/SpaceInvaders-v0")
+
+
+def env_dir(env_id: str) -> str:
+    return env_id.replace("/", "-")
+
+
+def run_dir(root: Path, env_id: str, variant: str, seed: int) -> Path:
+    return root / env_dir(env_id) / variant / f"seed={seed}"
+
+
+def _coerce(field: dataclasses.Field, text: str) -> Any:
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
+    if text.lower() == "none":
+        return None
+    if "int" in kind and "." not in text and "e" not in text.lower():
+        return int(text)
+    if "float" in kind or "int" in kind:
+        value = float(text)
+        return int(value) if "int" in kind and "float" not in kind else value
+    return text
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` strings -> DQNConfig fields, typed like the field."""
+    fields = {f.name: f for f in dataclasses.fields(DQNConfig)}
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if key not in fields or not _:
+            raise SystemExit(f"--set: expected field=value with a DQNConfig field, got {pair!r}; fields: "
+                             f"{sorted(fields)}")
+        out[key] = _coerce(fields[key], value.strip())
+    return out
+
+
+def grid(spec: dict) -> list[list[DQNConfig]]:
+    """The lockstep groups of a study spec, in a fixed order."""
+    base = spec.get("config", {})
+    groups = []
+    for env_id in spec["envs"]:
+        configs = [DQNConfig(**{**base, "env_id": env_id, "variant": v, "seed": s})
+                   for v in spec["variants"] for s in spec["seeds"]]
+        size = spec.get("group", len(configs))
+        groups += [configs[i:i + size] for i in range(0, len(configs), size)]
+    return groups
+
+
+def _train_group(job: tuple[list[DQNConfig], list[str], int]) -> str:
+    from perx.agents.dqn import train
+
+    configs, dirs, position = job
+    start = time.time()
+    train(configs, dirs, progress=position >= 0)
+    return f"{configs[0].env_id} x{len(configs)} done in {time.time() - start:.0f} s"
+
+
+def run_study(root: Path, spec: dict, workers: int, log=print) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    saved = root / "study.json"
+    if saved.exists():
+        old = json.loads(saved.read_text())
+        if old != spec:
+            raise SystemExit(f"{saved} describes another grid; use another study name or remove it. Saved: {old}")
+    else:
+        saved.write_text(json.dumps(spec, indent=2) + "\n")
+    groups = grid(spec)
+    jobs = []
+    for configs in groups:
+        dirs = [run_dir(root, c.env_id, c.variant, c.seed) for c in configs]
+        if all((d / "done").exists() for d in dirs):
+            continue
+        jobs.append((configs, [str(d) for d in dirs], len(jobs) % max(workers, 1)))
+    total = sum(len(c) for c in groups)
+    log(f"{root.name}: {total} runs in {len(groups)} lockstep groups; {len(jobs)} groups to run, {workers} workers")
+    if not jobs:
+        return
+    if workers <= 1:
+        for job in jobs:
+            log(_train_group(job))
+        return
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(workers, maxtasksperchild=1) as pool:
+        for message in pool.imap_unordered(_train_group, jobs):
+            log(message)
+
+
+# -- plotting -----------------------------------------------------------------------------------------
+
+def read_metrics(path: Path) -> list[dict]:
+    with open(path) as f:
+        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def collect(root: Path) -> dict:
+    """{env: {variant: {seed: rows}}} for every run with metrics (finished or not)."""
+    out: dict = {}
+    for path in sorted(root.glob("*/*/seed=*/metrics.csv")):
+        seed = int(path.parent.name.split("=")[1])
+        out.setdefault(path.parents[2].name, {}).setdefault(path.parents[1].name, {})[seed] = read_metrics(path)
+    return out
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% confidence interval (Student t; 0 for one value)."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, 0.0
+    from scipy import stats
+
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
+
+
+def final_score(rows: list[dict], last: int = 10) -> float:
+    """Mean evaluation return over the last ``last`` evaluations (004 D.2)."""
+    tail = rows[-last:]
+    return sum(r["eval_return"] for r in tail) / len(tail)
+
+
+def gain(x: float, y: float) -> float:
+    """(x - y) / |y| (004 Table 2); nan when y is 0."""
+    return (x - y) / abs(y) if y != 0 else float("nan")
+
+
+def plot(root: Path, log=print) -> dict:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = collect(root)
+    if not data:
+        raise SystemExit(f"{root}: no metrics.csv found")
+    envs = sorted(data)
+    variants = [v for v in VARIANTS if any(v in data[e] for e in envs)]
+    fig, axes = plt.subplots(1, len(envs), figsize=(5.5 * len(envs), 4), squeeze=False)
+    finals: dict = {}
+    for ax, env in zip(axes[0], envs, strict=True):
+        for v in variants:
+            seeds = data[env].get(v, {})
+            if not seeds:
+                continue
+            steps = sorted({r["step"] for rows in seeds.values() for r in rows})
+            xs, means, lows, highs = [], [], [], []
+            for s in steps:
+                vals = [r["eval_return"] for rows in seeds.values() for r in rows if r["step"] == s]
+                if len(vals) == len(seeds):  # only steps every seed reached
+                    m, h = t_interval(vals)
+                    xs.append(s)
+                    means.append(m)
+                    lows.append(m - h)
+                    highs.append(m + h)
+            line = ax.plot(xs, means, label=f"{v} ({len(seeds)} seeds)")[0]
+            ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15, linewidth=0)
+            finals.setdefault(env, {})[v] = {s: final_score(rows) for s, rows in seeds.items() if rows}
+        ax.set_title(env)
+        ax.set_xlabel("environment steps")
+        ax.set_ylabel("evaluation return (epsilon 0.001)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper left", framealpha=0.8)
+    fig.suptitle(f"{root.name}: mean and 95% confidence band over seeds")
+    fig.tight_layout()
+    fig.savefig(root / "curves.png", dpi=120)
+    plt.close(fig)
+    lines = [f"# {root.name}: final scores and gains", "",
+             "Final score: mean evaluation return over the last 10 evaluations of each run (004 D.2); mean over "
+             "seeds with the half-width of a 95% t interval. Gain of x over y: (x - y) / |y| per environment "
+             "(004 Table 2), then mean and median over environments.", "",
+             "| env | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    with open(root / "final.csv", "w") as f:
+        f.write("env,variant,seed,final_score,steps\n")
+        for env in envs:
+            for v in variants:
+                for s, score in sorted(finals.get(env, {}).get(v, {}).items()):
+                    f.write(f"{env},{v},{s},{score:.4f},{int(data[env][v][s][-1]['step'])}\n")
+    means = {env: {v: t_interval(list(finals[env][v].values())) for v in finals.get(env, {})} for env in envs}
+    for env in envs:
+        cells = [f"{means[env][v][0]:.2f} ± {means[env][v][1]:.2f}" if v in means[env] else "-" for v in variants]
+        lines.append(f"| {env} | " + " | ".join(cells) + " |")
+    for ref in ("uniform", "per"):
+        lines += ["", f"| gain over {ref} | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+        for stat in ("mean", "median"):
+            cells = []
+            for v in variants:
+                gains = [gain(means[e][v][0], means[e][ref][0]) for e in envs if v in means[e] and ref in means[e]]
+                gains = [g for g in gains if not math.isnan(g)]
+                if not gains:
+                    cells.append("-")
+                    continue
+                value = sum(gains) / len(gains) if stat == "mean" else sorted(gains)[len(gains) // 2] if len(
+                    gains) % 2 else (sorted(gains)[len(gains) // 2 - 1] + sorted(gains)[len(gains) // 2]) / 2
+                cells.append(f"{100 * value:+.1f}%")
+            lines.append(f"| {stat} | " + " | ".join(cells) + " |")
+    (root / "table.md").write_text("\n".join(lines) + "\n")
+    log(f"wrote {root / 'curves.png'}, {root / 'table.md'}, {root / 'final.csv'}")
+    return {"finals": finals, "means": means}
+
+
+# -- commands -----------------------------------------------------------------------------------------
+
+def dqn_main(argv: list[str] | None = None, prog: str = "perx dqn") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description="Train Double DQN with a perx replay variant.")
+    parser.add_argument("--env", default="MinAtar/Breakout-v0")
+    parser.add_argument("--variant", default="per", choices=sorted(VARIANTS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds, trained in lockstep")
+    parser.add_argument("--steps", type=int, default=None, help="total environment steps")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", default="results/dqn", help="output folder (one subfolder per seed)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="any DQNConfig field")
+    args = parser.parse_args(argv)
+    from perx.agents.dqn import train
+
+    extra = parse_overrides(args.set)
+    if args.steps is not None:
+        extra["total_steps"] = args.steps
+    configs = [DQNConfig(env_id=args.env, variant=args.variant, seed=s, device=args.device, **extra)
+               for s in args.seeds]
+    root = Path(args.out)
+    dirs = [run_dir(root, c.env_id, c.variant, c.seed) for c in configs]
+    rows = train(configs, dirs, progress=True, log=print)
+    for c, r in zip(configs, rows, strict=True):
+        if r:
+            print(f"seed {c.seed}: final evaluation return {r[-1]['eval_return']:.2f} at step {int(r[-1]['step'])}")
+    return 0
+
+
+def study_spec(args: argparse.Namespace) -> dict:
+    spec: dict[str, Any] = {"envs": list(DEFAULT_ENVS), "variants": list(VARIANTS), "seeds": [0, 1, 2],
+                            "config": {"total_steps": 500_000}}
+    if args.config:
+        with open(args.config, "rb") as f:
+            spec.update(tomllib.load(f))
+    if args.envs:
+        spec["envs"] = args.envs
+    if args.variants:
+        spec["variants"] = args.variants
+    if args.seeds is not None:
+        spec["seeds"] = list(range(args.seeds))
+    if args.steps is not None:
+        spec.setdefault("config", {})["total_steps"] = args.steps
+    if args.group is not None:
+        spec["group"] = args.group
+    spec.setdefault("config", {}).update(parse_overrides(args.set))
+    unknown = set(spec["variants"]) - set(VARIANTS)
+    if unknown:
+        raise SystemExit(f"variants: unknown {sorted(unknown)}; known {sorted(VARIANTS)}")
+    return spec
+
+
+def study_main(argv: list[str] | None = None, prog: str = "perx study") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description="Run (or resume) a grid of DQN runs.")
+    parser.add_argument("name", help="study name: results/<name>/")
+    parser.add_argument("--config", help="TOML file with envs, variants, seeds, group and [config] fields")
+    parser.add_argument("--envs", nargs="+")
+    parser.add_argument("--variants", nargs="+")
+    parser.add_argument("--seeds", type=int, help="number of seeds (0..n-1)")
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--group", type=int, help="runs per lockstep group (default: all runs of an env)")
+    parser.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
+    parser.add_argument("--results", default="results")
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="any DQNConfig field")
+    args = parser.parse_args(argv)
+    root = Path(args.results) / args.name
+    run_study(root, study_spec(args), args.workers)
+    plot(root)
+    return 0
+
+
+def plot_main(argv: list[str] | None = None, prog: str = "perx plot") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description="Curves and tables of a study.")
+    parser.add_argument("study", help="study name (results/<name>) or a folder")
+    parser.add_argument("--results", default="results")
+    args = parser.parse_args(argv)
+    root = Path(args.study) if Path(args.study).is_dir() else Path(args.results) / args.study
+    plot(root)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(study_main())

@@ -1,0 +1,181 @@
+"""Double DQN with perx replay: targets, losses, priorities, lockstep runs, checkpoints."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gymnasium")
+
+import perx  # noqa: E402
+import perx.torch as pt  # noqa: E402
+from perx.agents import dqn, stacked  # noqa: E402
+from perx.agents.dqn import DQNConfig  # noqa: E402
+
+SMALL = dict(total_steps=400, learning_starts=100, eval_every=200, eval_episodes=2, buffer_size=1000, batch_size=16,
+             target_update=20, eval_max_steps=200)
+
+
+def cartpole(**kw):
+    return DQNConfig(env_id="CartPole-v1", **{**SMALL, **kw})
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "MinAtar/Breakout-v0"])
+def test_every_variant_runs_a_few_hundred_steps(env_id):
+    pytest.importorskip("minatar") if env_id.startswith("MinAtar") else None
+    configs = [DQNConfig(env_id=env_id, variant=v, seed=i, **SMALL) for i, v in enumerate(dqn.VARIANTS)]
+    rows = dqn.train(configs)
+    for run in rows:
+        assert [r["step"] for r in run] == [200, 400]
+        assert np.isfinite(run[-1]["loss"]) and np.isfinite(run[-1]["eval_return"])
+
+
+def tiny_runs(variant="per", **kw):
+    runs = dqn.Runs([cartpole(variant=variant, **kw)])
+    runs.start()
+    for _ in range(120):  # fill the buffer with random steps
+        runs.obs, *_ = runs.recorder.step(runs.act(runs.obs, 1.0))
+        runs.step += 1
+    return runs
+
+
+def test_double_dqn_target_matches_a_hand_computation():
+    net = stacked.StackedNet(lambda: torch.nn.Sequential(torch.nn.Linear(2, 2)), [0])
+    target = stacked.StackedNet(lambda: torch.nn.Sequential(torch.nn.Linear(2, 2)), [1])
+    with torch.no_grad():
+        net.layers[0].weight.copy_(torch.tensor([[[1.0, 0.0], [0.0, 2.0]]]))  # Q(s) = (s0, 2 s1)
+        net.layers[0].bias.zero_()
+        target.layers[0].weight.copy_(torch.tensor([[[3.0, 0.0], [0.0, 5.0]]]))  # Qt(s) = (3 s0, 5 s1)
+        target.layers[0].bias.copy_(torch.tensor([[0.5, -0.5]]))
+    s2 = torch.tensor([[[1.0, 1.0], [4.0, 1.0]]])  # online argmax: action 1 (2 > 1), action 0 (4 > 2)
+    y = dqn.double_dqn_target(net, target, s2, torch.tensor([[1.0, 2.0]]), torch.tensor([[0.9, 0.0]]))
+    # row 0: 1 + 0.9 * Qt(s2)[1] = 1 + 0.9 * (5 - 0.5); row 1: terminated, discount 0: just 2
+    np.testing.assert_allclose(y.numpy(), [[1 + 0.9 * 4.5, 2.0]], rtol=1e-6)
+
+
+def test_terminated_stops_bootstrapping_and_truncated_does_not():
+    buf = perx.ReplayBuffer(10, episodes=perx.Episodes(gamma=0.9))
+    o = np.zeros(2, np.float32)
+    buf.add(obs=o, next_obs=o + 1, action=0, reward=1.0, terminated=True, truncated=False)
+    buf.add(obs=o + 5, next_obs=o + 6, action=0, reward=1.0, terminated=False, truncated=True)
+    batch = buf.get([0, 1])
+    assert batch["discount"].tolist() == [0.0, 0.9]  # the agent's target is return + discount * value
+
+
+@pytest.mark.parametrize("variant", ["per", "rank", "lap"])
+def test_update_uses_is_weights_and_writes_abs_delta_for_the_sampled_ids(variant):
+    runs = tiny_runs(variant)
+    for _ in range(3):
+        runs.update()  # so that priorities differ and IS weights are not all 1
+    buf = runs.buffers[0]
+    seen = {}
+    sample, update = buf.sample, buf.update_priorities
+
+    def record_sample(*a, **k):
+        seen["batch"] = sample(*a, **k)
+        return seen["batch"]
+
+    def record_update(ids, td):
+        seen["ids"], seen["td"] = np.asarray(ids).copy(), np.asarray(td).copy()
+        return update(ids, td)
+
+    buf.sample, buf.update_priorities = record_sample, record_update
+    q_before = {k: v.clone() for k, v in runs.q.state_dict().items()}
+    loss = runs.update()
+    batch = seen["batch"]
+    np.testing.assert_array_equal(seen["ids"], batch.indices)  # exactly the sampled ids
+    # recompute delta with the networks as they were before the step
+    net = stacked.StackedNet(lambda: stacked.mlp(4, 2), [0])
+    net.load_state_dict(q_before)
+    obs = torch.as_tensor(batch["obs"], dtype=torch.float32)[None]
+    nxt = torch.as_tensor(batch["next_obs"], dtype=torch.float32)[None]
+    y = dqn.double_dqn_target(net, runs.target, nxt, torch.as_tensor(batch["return"], dtype=torch.float32)[None],
+                              torch.as_tensor(batch["discount"], dtype=torch.float32)[None])
+    with torch.no_grad():
+        q = net(obs)[0].gather(-1, torch.as_tensor(batch["action"]).long()[:, None])[:, 0]
+    delta = (q - y[0]).numpy()
+    np.testing.assert_allclose(seen["td"], delta, rtol=1e-5, atol=1e-6)
+    kappa = runs.kappa.item()
+    weights = torch.as_tensor(batch.weights, dtype=torch.float32)
+    expected = pt.huber(torch.as_tensor(delta), kappa=kappa, weights=weights).item()
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    if variant in ("per", "rank"):
+        assert weights.min() < 1.0  # the IS weights were not all 1: they mattered
+    else:
+        assert (weights == 1).all()  # LAP: no IS weights
+
+
+def test_pal_loss_equals_perx_torch_pal():
+    delta = torch.tensor([[0.001, -0.5, 3.0, 0.02]])
+    got = dqn.variant_loss(delta, torch.ones_like(delta), torch.tensor([0.01]), torch.tensor([0.6]),
+                           torch.tensor([True]))
+    assert got.item() == pytest.approx(pt.pal(delta[0], alpha=0.6, kappa=0.01).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["adam", "rmsprop"])
+def test_stacked_optimizer_equals_torch_optim_run_by_run(kind):
+    torch.manual_seed(0)
+    lrs = [1e-2, 2.5e-3]
+    p = torch.nn.Parameter(torch.randn(2, 5, 3))
+    ours = stacked.StackedOptimizer([p], torch.tensor(lrs), kind, **({"eps": 0.01, "alpha": 0.95} if kind == "rmsprop"
+                                                                        else {}))
+    singles = [torch.nn.Parameter(p[r].detach().clone()) for r in range(2)]
+    opts = [torch.optim.Adam([s], lr=lr) if kind == "adam" else
+            torch.optim.RMSprop([s], lr=lr, alpha=0.95, eps=0.01, centered=True)
+            for s, lr in zip(singles, lrs, strict=True)]
+    for _ in range(5):
+        g = torch.randn(2, 5, 3)
+        p.grad = g.clone()
+        ours.step()
+        for r, (s, o) in enumerate(zip(singles, opts, strict=True)):
+            s.grad = g[r].clone()
+            o.step()
+            torch.testing.assert_close(p[r].detach(), s.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_lockstep_runs_equal_the_same_runs_one_by_one():
+    configs = [cartpole(variant="per", seed=0), cartpole(variant="pal", seed=1)]
+    together, alone = {0: [], 1: []}, {0: [], 1: []}
+    dqn.train(configs, on_update=lambda step, losses: [together[r].append(losses[r]) for r in range(2)])
+    for r, cfg in enumerate(configs):
+        dqn.train(cfg, on_update=lambda step, losses, r=r: alone[r].append(losses[0]))
+    for r in range(2):
+        # same data, same random numbers; only the batched kernels' rounding may differ
+        np.testing.assert_allclose(together[r], alone[r], rtol=1e-4, atol=1e-6)
+
+
+def test_resuming_from_a_checkpoint_continues_exactly(tmp_path):
+    configs = [cartpole(variant="per", seed=0), cartpole(variant="lap", seed=1)]
+    full_losses, resumed_losses = [], []
+    full = dqn.train(configs, [tmp_path / "full0", tmp_path / "full1"],
+                     on_update=lambda s, losses: full_losses.append((s, losses.copy())))
+    dirs = [tmp_path / "cut0", tmp_path / "cut1"]
+    dqn.train(configs, dirs, stop_after=200)  # interrupted right after the checkpoint at step 200
+    assert not (dirs[0] / "done").exists()
+    resumed = dqn.train(configs, dirs, on_update=lambda s, losses: resumed_losses.append((s, losses.copy())))
+    after = [(s, losses) for s, losses in full_losses if s > 200]
+    assert len(after) == len(resumed_losses) > 0
+    for (s1, l1), (s2, l2) in zip(after, resumed_losses, strict=True):
+        assert s1 == s2
+        np.testing.assert_array_equal(l1, l2)  # bit for bit
+    for a, b in zip(full, resumed, strict=True):
+        assert [{k: v for k, v in r.items() if k != "steps_per_second"} for r in a] == \
+               [{k: v for k, v in r.items() if k != "steps_per_second"} for r in b]
+    assert (dirs[0] / "done").exists() and (dirs[0] / "metrics.csv").exists()
+
+
+@pytest.mark.slow
+def test_atari_pipeline_runs_with_frames_stored_once():
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    cfg = DQNConfig(env_id="ALE/Pong-v5", variant="per", total_steps=300, learning_starts=200, eval_every=300,
+                    eval_episodes=1, eval_max_steps=100, buffer_size=1000, batch_size=8, train_frequency=50)
+    runs = dqn.Runs([cfg])
+    runs.start()
+    assert runs.obs.shape == (1, 4, 84, 84) and runs.obs.dtype == np.uint8
+    rows = dqn.train(cfg)
+    assert rows[0][-1]["step"] == 300
+
+
+def test_frame_stacks_are_stored_once_for_atari_shaped_observations():
+    cfg = perx.Episodes(frame_stack=4)
+    assert cfg.next_obs == "shared"  # stacks imply one frame per step
