@@ -12,6 +12,7 @@ commands:
   study    run or resume a grid of DQN runs (envs x variants x seeds), then plot it
   plot     learning curves and the table of 004 Table 2 for a study
   bench    time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)
+  bench-agents  replay's cost inside the Double DQN loop per variant, and lockstep throughput
   rank-tv  total-variation distance of heap-mode rank-based sampling from the power law
   theory   check the loss/sampling equivalence (Fujimoto et al. 2020) exactly; plot the losses
 
@@ -32,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         from perx.experiments.cliffwalk import main as cliffwalk_main
 
         return cliffwalk_main(rest, prog="perx cliffwalk")
+    if command == "bench-agents":
+        from perx.experiments.agent_bench import main as agent_bench_main
+
+        return agent_bench_main(rest, prog="perx bench-agents")
     if command in ("dqn", "study", "plot"):
         from perx.experiments import study
 
