@@ -112,9 +112,20 @@ def run_study(root: Path, spec: dict, workers: int, log=print) -> None:
             log(_train_group(job))
         return
     ctx = mp.get_context("spawn")
+    bar = None
+    try:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs), desc=f"{root.name} groups", unit="group", position=workers)
+    except ImportError:  # pragma: no cover - tqdm is in the agents extra
+        pass
     with ctx.Pool(workers, maxtasksperchild=1) as pool:
         for message in pool.imap_unordered(_train_group, jobs):
             log(message)
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
 
 
 # -- plotting -----------------------------------------------------------------------------------------
