@@ -28,26 +28,18 @@ updates; beta annealed linearly to 1 at the end of training; ``terminated`` stop
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
-import pickle
-import platform
-import subprocess
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 import perx
 from perx.agents import stacked
-from perx.agents.envs import make_env, network_input
-from perx.gym import VectorRecorder
+from perx.agents.runner import LockstepRuns, flush_denormals, progress_bar
 
 #: Per-variant settings (see the module docstring).
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -172,28 +164,15 @@ def variant_loss(delta: torch.Tensor, weights: torch.Tensor, kappa: torch.Tensor
     return torch.where(is_pal.unsqueeze(1), pal, weights * huber).mean(dim=1)
 
 
-class Runs:
-    """The state of R runs trained in lockstep (see :func:`train`)."""
+class Runs(LockstepRuns):
+    """The state of R Double-DQN runs trained in lockstep (see :func:`train`)."""
+
+    shared_fields = SHARED
 
     def __init__(self, configs: Sequence[DQNConfig], *, samplers: Sequence[perx.Sampler] | None = None) -> None:
-        first = configs[0]
-        for cfg in configs:
-            bad = [f for f in SHARED if getattr(cfg, f) != getattr(first, f)]
-            if bad:
-                raise ValueError(f"configs: runs trained in lockstep must agree on {bad}")
-        self.configs = list(configs)
-        self.cfg = first
-        R = len(configs)
-        self.device = torch.device(first.device)
-        self.envs = gym.vector.SyncVectorEnv([lambda: make_env(first.env_id) for _ in range(R)],
-                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        space = self.envs.single_observation_space
-        self.obs_shape, self.n_actions = space.shape, int(self.envs.single_action_space.n)
-        self.buffers = [
-            perx.ReplayBuffer(first.buffer_size, samplers[r] if samplers else make_sampler(cfg), seed=cfg.seed,
-                              episodes=perx.Episodes(n_step=first.n_step, gamma=first.gamma, next_obs="shared"))
-            for r, cfg in enumerate(configs)]
-        self.recorder = VectorRecorder(self.buffers, self.envs)
+        super().__init__(configs, samplers or [make_sampler(c) for c in configs])
+        first = self.cfg
+        self.n_actions = int(self.envs.single_action_space.n)
         make = network_for(first.env_id, self.obs_shape, self.n_actions)
         seeds = [cfg.seed for cfg in configs]
         self.q = stacked.StackedNet(make, seeds).to(self.device)
@@ -203,27 +182,13 @@ class Runs:
         lr = torch.tensor([first.learning_rate * s["lr_scale"] for s in settings], device=self.device)
         opt = {"eps": 0.01, "alpha": 0.95, "centered": True} if first.optimizer == "rmsprop" else {}
         self.optimizer = stacked.StackedOptimizer(list(self.q.parameters()), lr, first.optimizer, **opt)
+        self.nets = {"q": self.q, "target": self.target}
+        self.optimizers = {"q": self.optimizer}
         self.kappa = torch.tensor([s["kappa"] for s in settings], device=self.device)
         self.alpha = torch.tensor([s.get("alpha", 0.0) for s in settings], device=self.device)
         self.is_pal = torch.tensor([s["loss"] == "pal" for s in settings], device=self.device)
         self.beta0 = [s.get("beta0", 1.0) for s in settings]
         self.writes_priorities = [s["sampler"] != "uniform" for s in settings]
-        self.rngs = [np.random.default_rng(cfg.seed + 1) for cfg in configs]
-        self.step = 0
-        self.updates = 0
-        self.episodes = np.zeros(R, np.int64)
-        self.running = np.zeros(R)
-        self.recent: list[list[float]] = [[] for _ in range(R)]
-        self.losses: list[list[float]] = [[] for _ in range(R)]
-        self.rows: list[list[dict]] = [[] for _ in range(R)]
-        self.obs = None
-
-    @property
-    def R(self) -> int:
-        return len(self.configs)
-
-    def start(self) -> None:
-        self.obs, _ = self.recorder.reset(seed=[cfg.seed for cfg in self.configs])
 
     def epsilon(self) -> float:
         c = self.cfg
@@ -235,18 +200,18 @@ class Runs:
     def beta(self, r: int) -> float:
         return self.beta0[r] + (1.0 - self.beta0[r]) * min(1.0, self.step / self.cfg.total_steps)
 
-    def tensor(self, obs: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(network_input(obs, self.cfg.env_id)).to(self.device)
-
-    def act(self, obs: np.ndarray, epsilon: float) -> np.ndarray:
+    def act(self, obs: np.ndarray, epsilon: float, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
         """Epsilon-greedy actions of the R runs for observations [R, *obs_shape]."""
         with torch.no_grad():
             greedy = self.q(self.tensor(obs)[:, None])[:, 0].argmax(-1).cpu().numpy()
         actions = greedy.copy()
-        for r, rng in enumerate(self.rngs):
+        for r, rng in enumerate(self.rngs if rngs is None else rngs):
             if rng.random() < epsilon:
                 actions[r] = rng.integers(self.n_actions)
         return actions
+
+    def policy(self, obs: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarray:
+        return self.act(obs, self.cfg.eval_epsilon, rngs)  # 004 D.2: epsilon 0.001
 
     def update(self) -> torch.Tensor:
         """One Double-DQN update of every run (Algorithm 1 lines 8-16); returns the per-run losses [R]."""
@@ -254,12 +219,10 @@ class Runs:
         batches = [buf.sample(B, beta=self.beta(r)) for r, buf in enumerate(self.buffers)]
         obs = self.tensor(np.stack([b["obs"] for b in batches]))
         next_obs = self.tensor(np.stack([b["next_obs"] for b in batches]))
-        dev = self.device
-        actions = torch.as_tensor(np.stack([b["action"] for b in batches]), device=dev).long()
-        returns = torch.as_tensor(np.stack([b["return"] for b in batches]), dtype=torch.float32, device=dev)
-        discounts = torch.as_tensor(np.stack([b["discount"] for b in batches]), dtype=torch.float32, device=dev)
-        weights = torch.as_tensor(np.stack([b.weights for b in batches]), dtype=torch.float32, device=dev)
-        y = double_dqn_target(self.q, self.target, next_obs, returns, discounts)
+        actions = self.stack(batches, "action", torch.long)
+        y = double_dqn_target(self.q, self.target, next_obs, self.stack(batches, "return"),
+                              self.stack(batches, "discount"))
+        weights = torch.as_tensor(np.stack([b.weights for b in batches]), dtype=torch.float32, device=self.device)
         q_sa = self.q(obs).gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # [R, B]
         delta = q_sa - y
         losses = variant_loss(delta, weights, self.kappa, self.alpha, self.is_pal)
@@ -275,88 +238,23 @@ class Runs:
             self.target.load_state_dict(self.q.state_dict())
         return losses.detach()
 
-    def evaluate(self) -> np.ndarray:
-        """Mean return of each run's greedy-ish policy (epsilon 0.001) over eval_episodes episodes, on
-        environments seeded with seed + 100 at every evaluation (the same start states each time)."""
-        c = self.cfg
-        envs = gym.vector.SyncVectorEnv([lambda: make_env(c.env_id, max_episode_steps=c.eval_max_steps)
-                                         for _ in range(self.R)],
-                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        obs, _ = envs.reset(seed=[cfg.seed + 100 for cfg in self.configs])
-        rngs = [np.random.default_rng(cfg.seed + 200) for cfg in self.configs]
-        totals = [[] for _ in range(self.R)]
-        running = np.zeros(self.R)
-        while min(len(t) for t in totals) < c.eval_episodes:
-            with torch.no_grad():
-                actions = self.q(self.tensor(obs)[:, None])[:, 0].argmax(-1).cpu().numpy()
-            for r, rng in enumerate(rngs):
-                if rng.random() < c.eval_epsilon:
-                    actions[r] = rng.integers(self.n_actions)
-            obs, rewards, term, trunc, _ = envs.step(actions)
-            running += rewards
-            for r in np.flatnonzero(term | trunc):
-                if len(totals[r]) < c.eval_episodes:
-                    totals[r].append(running[r])
-                running[r] = 0.0
-        envs.close()
-        return np.array([np.mean(t) for t in totals])
-
-    # -- checkpoints ---------------------------------------------------------------------------------
-    def save(self, dirs: Sequence[Path]) -> None:
-        """Each run's complete state into its own ``dirs[r]/checkpoint``: networks, optimiser, replay
-        buffer (perx's format), random generators, environment, counters and metrics rows."""
-        for r, d in enumerate(dirs):
-            ck = d / "checkpoint"
-            ck.mkdir(parents=True, exist_ok=True)
-            buffer_name = f"buffer-{self.step}.npz"
-            self.buffers[r].save(ck / buffer_name)
-            state = {
-                "step": self.step, "updates": self.updates, "buffer": buffer_name,
-                "q": self.q.run_state(r), "target": self.target.run_state(r),
-                "optimizer": self.optimizer.run_state(r), "rng": self.rngs[r].bit_generator.state,
-                "env": pickle.dumps(self.envs.envs[r]), "obs": self.obs[r].copy(),
-                "episodes": int(self.episodes[r]), "running": float(self.running[r]),
-                "recent": list(self.recent[r]), "rows": list(self.rows[r]),
-                "config": dataclasses.asdict(self.configs[r]),
-            }
-            tmp = ck / "state.pt.tmp"
-            torch.save(state, tmp)
-            os.replace(tmp, ck / "state.pt")
-            for old in ck.glob("buffer-*.npz"):  # only the one the state names is needed now
-                if old.name != buffer_name:
-                    old.unlink()
-
     def load(self, dirs: Sequence[Path]) -> bool:
-        """Restore every run from its checkpoint; False (and nothing changed) unless all have one at the
-        same step. Checkpoints are this runner's own files (they hold pickled environments)."""
-        states = []
-        for d in dirs:
-            path = d / "checkpoint" / "state.pt"
-            if not path.exists():
-                return False
-            states.append(torch.load(path, weights_only=False))
-        if len({s["step"] for s in states}) != 1:
-            return False
-        envs = []
-        for r, (d, st) in enumerate(zip(dirs, states, strict=True)):
-            if st["config"] != dataclasses.asdict(self.configs[r]):
-                raise ValueError(f"{d}: the checkpoint was made with another configuration")
-            self.buffers[r] = perx.ReplayBuffer.load(d / "checkpoint" / st["buffer"])
-            self.q.load_run_state(r, st["q"])
-            self.target.load_run_state(r, st["target"])
-            self.optimizer.load_run_state(r, st["optimizer"])
-            self.rngs[r].bit_generator.state = st["rng"]
-            envs.append(pickle.loads(st["env"]))
-            self.episodes[r], self.running[r] = st["episodes"], st["running"]
-            self.recent[r], self.rows[r] = st["recent"], st["rows"]
-        self.step, self.updates = states[0]["step"], states[0]["updates"]
-        self.envs.close()
-        self.envs = gym.vector.SyncVectorEnv([lambda e=e: e for e in envs],
-                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
-        self.recorder = VectorRecorder(self.buffers, self.envs)
-        self.recorder.obs = np.stack([st["obs"] for st in states])
-        self.obs = self.recorder.obs.copy()
-        return True
+        for d in dirs:  # checkpoints written before the runner was shared name the networks differently
+            _upgrade(d / "checkpoint" / "state.pt")
+        return super().load(dirs)
+
+
+def _upgrade(path: Path) -> None:
+    if not path.exists():
+        return
+    st = torch.load(path, weights_only=False)
+    if "nets" in st:
+        return
+    st["nets"] = {"q": st.pop("q"), "target": st.pop("target")}
+    st["optimizers"] = {"q": st.pop("optimizer")}
+    tmp = path.with_suffix(".tmp")
+    torch.save(st, tmp)
+    os.replace(tmp, path)
 
 
 def train(configs: DQNConfig | Sequence[DQNConfig], dirs: Sequence[str | os.PathLike] | None = None, *,
@@ -381,130 +279,28 @@ def train(configs: DQNConfig | Sequence[DQNConfig], dirs: Sequence[str | os.Path
     """
     configs = [configs] if isinstance(configs, DQNConfig) else list(configs)
     torch.set_num_threads(1)  # measured here: one thread per process beats two on small networks
-    with _flush_denormals():
-        return _train(configs, dirs, samplers, stop_after, progress, log, on_update)
-
-
-class _flush_denormals:
-    """Optimiser statistics of parameters whose gradient is 0 decay into subnormal floats, which are slow
-    on x86 (measured: the stacked RMSprop step took twice as long); flush them to 0 while training, and
-    put the processor's mode back afterwards (it is global state)."""
-
-    def __enter__(self):
-        self.was = bool((torch.tensor([1e-40], dtype=torch.float32) * 1.0).item() == 0.0)
-        torch.set_flush_denormal(True)
-
-    def __exit__(self, *exc):
-        torch.set_flush_denormal(self.was)
-
-
-def _train(configs, dirs, samplers, stop_after, progress, log, on_update) -> list[list[dict]]:
-    runs = Runs(configs, samplers=samplers)
     dirs = [Path(d) for d in dirs] if dirs is not None else None
-    c = runs.cfg
-    if dirs is None or not runs.load(dirs):
-        runs.start()
-        if dirs is not None:
-            for d, cfg in zip(dirs, configs, strict=True):
-                _write_config(d, cfg, runs)
-    bar = _bar(progress, c.total_steps, runs.step, f"{c.env_id} x{runs.R}")
-    start_step, start_time = runs.step, time.time()
-    end = c.total_steps if stop_after is None else min(c.total_steps, stop_after)
-    while runs.step < end:
-        # act, step every run's environment, store the transitions (Algorithm 1 lines 5-6 and 18)
-        actions = runs.act(runs.obs, runs.epsilon())
-        runs.obs, rewards, terminated, truncated, _ = runs.recorder.step(actions)
-        runs.step += 1
-        runs.running += rewards
-        for r in np.flatnonzero(terminated | truncated):
-            runs.episodes[r] += 1
-            runs.recent[r] = (runs.recent[r] + [float(runs.running[r])])[-10:]
-            runs.running[r] = 0.0
-        # learn every K steps (lines 7-17)
-        if runs.step >= c.learning_starts and runs.step % c.train_frequency == 0:
-            losses = runs.update().cpu().numpy()
-            for r in range(runs.R):
-                runs.losses[r].append(float(losses[r]))
-            if on_update is not None:
-                on_update(runs.step, losses)
-        if runs.step % c.eval_every == 0 or runs.step == c.total_steps:
-            returns = runs.evaluate()
-            elapsed = time.time() - start_time
-            for r in range(runs.R):
-                row = {"step": runs.step, "episodes": int(runs.episodes[r]), "eval_return": float(returns[r]),
-                       "train_return": float(np.mean(runs.recent[r])) if runs.recent[r] else float("nan"),
-                       "loss": float(np.mean(runs.losses[r])) if runs.losses[r] else float("nan"),
-                       "steps_per_second": (runs.step - start_step) / max(elapsed, 1e-9),
-                       "runs_in_process": runs.R}
-                runs.rows[r].append(row)
-                runs.losses[r] = []
-            if log:
-                log(f"{c.env_id} step {runs.step:,}: eval " + " ".join(f"{x:.1f}" for x in returns))
-            if dirs is not None:
-                for r, d in enumerate(dirs):
-                    _write_metrics(d, runs.rows[r])
-                runs.save(dirs)
+    with flush_denormals():
+        runs = Runs(configs, samplers=samplers)
+        runs.begin(dirs)
+        c = runs.cfg
+        bar = progress_bar(progress, c.total_steps, runs.step, f"{c.env_id} x{runs.R}")
+        end = c.total_steps if stop_after is None else min(c.total_steps, stop_after)
+        while runs.step < end:
+            # act and store the transitions (Algorithm 1 lines 5-6 and 18)
+            runs.env_step(runs.act(runs.obs, runs.epsilon()))
+            # learn every K steps (lines 7-17)
+            if runs.step >= c.learning_starts and runs.step % c.train_frequency == 0:
+                losses = runs.update().cpu().numpy()
+                for r in range(runs.R):
+                    runs.losses[r].append(float(losses[r]))
+                if on_update is not None:
+                    on_update(runs.step, losses)
+            if runs.step % c.eval_every == 0 or runs.step == c.total_steps:
+                runs.record(dirs, log)
+            if bar is not None:
+                bar.update(1)
         if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-    if dirs is not None and runs.step == c.total_steps:
-        for d in dirs:
-            (d / "done").write_text(json.dumps({"step": runs.step}))
-    runs.envs.close()
+            bar.close()
+        runs.finish(dirs)
     return runs.rows
-
-
-def _bar(progress: bool, total: int, initial: int, desc: str):
-    if not progress:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover - tqdm is in the experiments extra
-        return None
-    return tqdm(total=total, initial=initial, desc=desc, unit="step", mininterval=2.0, leave=False)
-
-
-METRICS = ("step", "episodes", "eval_return", "train_return", "loss", "steps_per_second", "runs_in_process")
-
-
-def _write_metrics(d: Path, rows: list[dict]) -> None:
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / "metrics.csv.tmp"
-    with open(tmp, "w") as f:
-        f.write(",".join(METRICS) + "\n")
-        for row in rows:
-            f.write(",".join(f"{row[k]:.6g}" if isinstance(row[k], float) else str(row[k]) for k in METRICS) + "\n")
-    os.replace(tmp, d / "metrics.csv")
-
-
-def versions() -> dict[str, str]:
-    """Versions of what the results depend on, and the git revision of the working tree."""
-    out = {"python": platform.python_version(), "platform": platform.platform(), "perx": perx.__version__,
-           "numpy": np.__version__, "torch": torch.__version__, "gymnasium": gym.__version__}
-    for name in ("minatar", "ale_py", "numba"):
-        try:
-            import importlib.metadata as md
-
-            out[name] = md.version(name.replace("_", "-"))
-        except Exception:
-            pass
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent)
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5,
-                               cwd=Path(__file__).parent)
-        if rev.returncode == 0:
-            out["git"] = rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return out
-
-
-def _write_config(d: Path, cfg: DQNConfig, runs: Runs) -> None:
-    d.mkdir(parents=True, exist_ok=True)
-    payload = {"config": dataclasses.asdict(cfg), "settings": cfg.settings(), "versions": versions(),
-               "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                           "device": cfg.device},
-               "lockstep": [f"{c.variant}/seed={c.seed}" for c in runs.configs]}
-    (d / "config.json").write_text(json.dumps(payload, indent=2) + "\n")

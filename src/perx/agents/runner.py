@@ -1,0 +1,283 @@
+"""What every agent's lockstep runs share: environments, one perx buffer per run, the episode bookkeeping,
+evaluation, metrics, config files and exact checkpoints. The agents (:mod:`perx.agents.dqn`,
+:mod:`perx.agents.td3`) add their networks, their update and their loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pickle
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import perx
+from perx.agents import stacked
+from perx.agents.envs import make_env, network_input
+from perx.gym import VectorRecorder
+
+METRICS = ("step", "episodes", "eval_return", "train_return", "loss", "steps_per_second", "runs_in_process")
+
+
+class LockstepRuns:
+    """R runs that step together: run r has its own environment (sub-env r of a same-step-autoreset vector
+    env), its own perx buffer, random generator and metrics. Subclasses set ``self.nets`` and
+    ``self.optimizers`` (dicts of stacked modules / optimisers, saved and restored by name) and implement
+    :meth:`policy` (the evaluation policy)."""
+
+    #: Config fields every run of a group must share.
+    shared_fields: tuple[str, ...] = ()
+
+    def __init__(self, configs: Sequence[Any], samplers: Sequence[perx.Sampler]) -> None:
+        first = configs[0]
+        for cfg in configs:
+            bad = [f for f in self.shared_fields if getattr(cfg, f) != getattr(first, f)]
+            if bad:
+                raise ValueError(f"configs: runs trained in lockstep must agree on {bad}")
+        self.configs, self.cfg = list(configs), first
+        R = len(configs)
+        self.device = torch.device(first.device)
+        self.envs = gym.vector.SyncVectorEnv([lambda: make_env(first.env_id) for _ in range(R)],
+                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self.obs_shape = self.envs.single_observation_space.shape
+        self.buffers = [perx.ReplayBuffer(first.buffer_size, samplers[r], seed=cfg.seed,
+                                          episodes=perx.Episodes(n_step=getattr(first, "n_step", 1),
+                                                                 gamma=first.gamma, next_obs="shared"))
+                        for r, cfg in enumerate(configs)]
+        self.recorder = VectorRecorder(self.buffers, self.envs)
+        self.rngs = [np.random.default_rng(cfg.seed + 1) for cfg in configs]
+        self.nets: dict[str, stacked.StackedNet] = {}
+        self.optimizers: dict[str, stacked.StackedOptimizer] = {}
+        self.step = 0
+        self.updates = 0
+        self.episodes = np.zeros(R, np.int64)
+        self.running = np.zeros(R)
+        self.recent: list[list[float]] = [[] for _ in range(R)]
+        self.losses: list[list[float]] = [[] for _ in range(R)]
+        self.rows: list[list[dict]] = [[] for _ in range(R)]
+        self.obs: np.ndarray | None = None
+        self.started = time.time()
+        self.start_step = 0
+
+    @property
+    def R(self) -> int:
+        return len(self.configs)
+
+    def start(self) -> None:
+        self.obs, _ = self.recorder.reset(seed=[cfg.seed for cfg in self.configs])
+
+    def tensor(self, obs: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(network_input(obs, self.cfg.env_id)).to(self.device)
+
+    def env_step(self, actions: np.ndarray) -> None:
+        """Step every run's environment, store the transitions, keep the episode statistics."""
+        self.obs, rewards, terminated, truncated, _ = self.recorder.step(actions)
+        self.step += 1
+        self.running += rewards
+        for r in np.flatnonzero(terminated | truncated):
+            self.episodes[r] += 1
+            self.recent[r] = (self.recent[r] + [float(self.running[r])])[-10:]
+            self.running[r] = 0.0
+
+    def stack(self, batches: Sequence[perx.Batch], key: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """One field of R batches as a tensor [R, B, ...] on the device."""
+        return torch.as_tensor(np.stack([b[key] for b in batches]), dtype=dtype, device=self.device)
+
+    # -- evaluation ----------------------------------------------------------------------------------
+    def policy(self, obs: np.ndarray, rngs: Sequence[np.random.Generator]) -> np.ndarray:
+        raise NotImplementedError
+
+    def evaluate(self) -> np.ndarray:
+        """Each run's mean return over ``eval_episodes`` episodes of :meth:`policy`, on environments seeded
+        with seed + 100 at every evaluation (the same start states each time; 004 Appendix D)."""
+        c = self.cfg
+        envs = gym.vector.SyncVectorEnv([lambda: make_env(c.env_id, max_episode_steps=c.eval_max_steps)
+                                         for _ in range(self.R)],
+                                        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        obs, _ = envs.reset(seed=[cfg.seed + 100 for cfg in self.configs])
+        rngs = [np.random.default_rng(cfg.seed + 200) for cfg in self.configs]
+        totals: list[list[float]] = [[] for _ in range(self.R)]
+        running = np.zeros(self.R)
+        while min(len(t) for t in totals) < c.eval_episodes:
+            with torch.no_grad():
+                actions = self.policy(obs, rngs)
+            obs, rewards, term, trunc, _ = envs.step(actions)
+            running += rewards
+            for r in np.flatnonzero(term | trunc):
+                if len(totals[r]) < c.eval_episodes:
+                    totals[r].append(float(running[r]))
+                running[r] = 0.0
+        envs.close()
+        return np.array([np.mean(t) for t in totals])
+
+    def record(self, dirs: Sequence[Path] | None, log: Callable[[str], None] | None) -> None:
+        """Evaluate, append a metrics row per run, write metrics and a checkpoint (when ``dirs``)."""
+        returns = self.evaluate()
+        elapsed = time.time() - self.started
+        for r in range(self.R):
+            self.rows[r].append({
+                "step": self.step, "episodes": int(self.episodes[r]), "eval_return": float(returns[r]),
+                "train_return": float(np.mean(self.recent[r])) if self.recent[r] else float("nan"),
+                "loss": float(np.mean(self.losses[r])) if self.losses[r] else float("nan"),
+                "steps_per_second": (self.step - self.start_step) / max(elapsed, 1e-9), "runs_in_process": self.R})
+            self.losses[r] = []
+        if log:
+            log(f"{self.cfg.env_id} step {self.step:,}: eval " + " ".join(f"{x:.1f}" for x in returns))
+        if dirs is not None:
+            for r, d in enumerate(dirs):
+                write_metrics(d, self.rows[r])
+            self.save(dirs)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def save(self, dirs: Sequence[Path]) -> None:
+        """Each run's complete state into ``dirs[r]/checkpoint``: networks, optimisers, replay buffer
+        (perx's format), random generator, environment, counters and metrics rows."""
+        for r, d in enumerate(dirs):
+            ck = d / "checkpoint"
+            ck.mkdir(parents=True, exist_ok=True)
+            buffer_name = f"buffer-{self.step}.npz"
+            self.buffers[r].save(ck / buffer_name)
+            state = {
+                "step": self.step, "updates": self.updates, "buffer": buffer_name,
+                "nets": {k: n.run_state(r) for k, n in self.nets.items()},
+                "optimizers": {k: o.run_state(r) for k, o in self.optimizers.items()},
+                "rng": self.rngs[r].bit_generator.state, "env": pickle.dumps(self.envs.envs[r]),
+                "obs": self.obs[r].copy(), "episodes": int(self.episodes[r]), "running": float(self.running[r]),
+                "recent": list(self.recent[r]), "rows": list(self.rows[r]),
+                "config": dataclasses.asdict(self.configs[r]), **self.extra_state(r),
+            }
+            tmp = ck / "state.pt.tmp"
+            torch.save(state, tmp)
+            os.replace(tmp, ck / "state.pt")
+            for old in ck.glob("buffer-*.npz"):  # only the one the state names is needed now
+                if old.name != buffer_name:
+                    old.unlink()
+
+    def extra_state(self, r: int) -> dict:
+        return {}
+
+    def load_extra_state(self, r: int, state: dict) -> None:
+        pass
+
+    def load(self, dirs: Sequence[Path]) -> bool:
+        """Restore every run from its checkpoint; False (and nothing changed) unless all have one at the
+        same step. Checkpoints are this runner's own files (they hold pickled environments)."""
+        states = []
+        for d in dirs:
+            path = d / "checkpoint" / "state.pt"
+            if not path.exists():
+                return False
+            states.append(torch.load(path, weights_only=False))
+        if len({s["step"] for s in states}) != 1:
+            return False
+        envs = []
+        for r, (d, st) in enumerate(zip(dirs, states, strict=True)):
+            if st["config"] != dataclasses.asdict(self.configs[r]):
+                raise ValueError(f"{d}: the checkpoint was made with another configuration")
+            self.buffers[r] = perx.ReplayBuffer.load(d / "checkpoint" / st["buffer"])
+            for k, n in self.nets.items():
+                n.load_run_state(r, st["nets"][k])
+            for k, o in self.optimizers.items():
+                o.load_run_state(r, st["optimizers"][k])
+            self.rngs[r].bit_generator.state = st["rng"]
+            envs.append(pickle.loads(st["env"]))
+            self.episodes[r], self.running[r] = st["episodes"], st["running"]
+            self.recent[r], self.rows[r] = st["recent"], st["rows"]
+            self.load_extra_state(r, st)
+        self.step, self.updates = states[0]["step"], states[0]["updates"]
+        self.start_step = self.step
+        self.envs.close()
+        self.envs = gym.vector.SyncVectorEnv([lambda e=e: e for e in envs],
+                                             autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        self.recorder = VectorRecorder(self.buffers, self.envs)
+        self.recorder.obs = np.stack([st["obs"] for st in states])
+        self.obs = self.recorder.obs.copy()
+        return True
+
+    def begin(self, dirs: Sequence[Path] | None) -> None:
+        """Resume from the checkpoints in ``dirs``, or start fresh (and write each run's config.json)."""
+        if dirs is None or not self.load(dirs):
+            self.start()
+            if dirs is not None:
+                for d, cfg in zip(dirs, self.configs, strict=True):
+                    write_config(d, cfg, self)
+        self.started = time.time()
+
+    def finish(self, dirs: Sequence[Path] | None) -> None:
+        if dirs is not None and self.step == self.cfg.total_steps:
+            for d in dirs:
+                (d / "done").write_text(json.dumps({"step": self.step}))
+        self.envs.close()
+
+
+class flush_denormals:
+    """Optimiser statistics of parameters whose gradient is 0 decay into subnormal floats, which are slow
+    on x86 (measured: the stacked RMSprop step took twice as long); flush them to 0 while training, and
+    put the processor's mode back afterwards (it is global state)."""
+
+    def __enter__(self):
+        self.was = bool((torch.tensor([1e-40], dtype=torch.float32) * 1.0).item() == 0.0)
+        torch.set_flush_denormal(True)
+
+    def __exit__(self, *exc):
+        torch.set_flush_denormal(self.was)
+
+
+def progress_bar(progress: bool, total: int, initial: int, desc: str):
+    if not progress:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is in the agents extra
+        return None
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", mininterval=2.0, leave=False)
+
+
+def write_metrics(d: Path, rows: list[dict]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / "metrics.csv.tmp"
+    with open(tmp, "w") as f:
+        f.write(",".join(METRICS) + "\n")
+        for row in rows:
+            f.write(",".join(f"{row[k]:.6g}" if isinstance(row[k], float) else str(row[k]) for k in METRICS) + "\n")
+    os.replace(tmp, d / "metrics.csv")
+
+
+def versions() -> dict[str, str]:
+    """Versions of what the results depend on, and the git revision of the working tree."""
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version(), "platform": platform.platform(), "perx": perx.__version__,
+           "numpy": np.__version__, "torch": torch.__version__, "gymnasium": gym.__version__}
+    for name in ("minatar", "ale-py", "mujoco", "numba"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    try:
+        here = Path(__file__).parent
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=here)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=5, cwd=here)
+        if rev.returncode == 0:
+            out["git"] = rev.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def write_config(d: Path, cfg: Any, runs: LockstepRuns) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    payload = {"config": dataclasses.asdict(cfg), "settings": cfg.settings(), "versions": versions(),
+               "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": cfg.device},
+               "lockstep": [f"{c.variant}/seed={c.seed}" for c in runs.configs]}
+    (d / "config.json").write_text(json.dumps(payload, indent=2) + "\n")
