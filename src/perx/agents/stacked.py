@@ -48,7 +48,7 @@ class StackedConv2d(nn.Module):
 
 
 class StackedNet(nn.Module):
-    """R copies of a sequential network made of ``nn.Conv2d``, ``nn.Linear``, ``nn.ReLU`` and
+    """R copies of a sequential network made of ``nn.Conv2d``, ``nn.Linear``, ``nn.ReLU``, ``nn.Tanh`` and
     ``nn.Flatten`` layers, one per run, built from ``make()`` under each run's seed."""
 
     def __init__(self, make, seeds: Sequence[int]) -> None:
@@ -64,8 +64,8 @@ class StackedNet(nn.Module):
                 layers.append(StackedLinear(parts))
             elif isinstance(kind, nn.Conv2d):
                 layers.append(StackedConv2d(parts))
-            elif isinstance(kind, nn.ReLU):
-                layers.append(nn.ReLU())
+            elif isinstance(kind, nn.ReLU | nn.Tanh):
+                layers.append(type(kind)())
             elif isinstance(kind, nn.Flatten):
                 layers.append(_FlattenRuns())
             else:
@@ -161,6 +161,7 @@ def nature_cnn(channels: int, actions: int) -> nn.Sequential:
                          nn.Linear(512, actions))
 
 
-def mlp(inputs: int, actions: int, hidden: int = 128) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, actions))
+def mlp(inputs: int, outputs: int, hidden: int = 128, tanh: bool = False) -> nn.Sequential:
+    """Two hidden ReLU layers; a tanh on the output with ``tanh`` (TD3's actor, 004 Table 6)."""
+    layers = [nn.Linear(inputs, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, outputs)]
+    return nn.Sequential(*layers, *([nn.Tanh()] if tanh else []))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import importlib
 import json
 import math
 import multiprocessing as mp
@@ -30,6 +31,21 @@ from typing import Any
 from perx.agents.dqn import VARIANTS, DQNConfig
 
 DEFAULT_ENVS = ("MinAtar/Breakout-v0", "MinAtar/SpaceInvaders-v0")
+#: Variants in the order tables and legends list them (DQN's and TD3's together).
+ORDER = ("uniform", "per", "rank", "lap", "pal")
+
+
+def agent(name: str):
+    """(config class, train function) of an agent: "dqn" or "td3"."""
+    if name == "dqn":
+        from perx.agents import dqn
+
+        return dqn.DQNConfig, dqn.train
+    if name == "td3":
+        from perx.agents import td3
+
+        return td3.TD3Config, td3.train
+    raise SystemExit(f"agent: 'dqn' or 'td3', got {name!r}")
 
 
 def env_dir(env_id: str) -> str:
@@ -52,36 +68,36 @@ def _coerce(field: dataclasses.Field, text: str) -> Any:
     return text
 
 
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` strings -> DQNConfig fields, typed like the field."""
-    fields = {f.name: f for f in dataclasses.fields(DQNConfig)}
+def parse_overrides(pairs: list[str], config_class: type = DQNConfig) -> dict[str, Any]:
+    """``key=value`` strings -> config fields, typed like the field."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
     out = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
         key = key.strip().replace("-", "_")
         if key not in fields or not _:
-            raise SystemExit(f"--set: expected field=value with a DQNConfig field, got {pair!r}; fields: "
-                             f"{sorted(fields)}")
+            raise SystemExit(f"--set: expected field=value with a {config_class.__name__} field, got {pair!r}; "
+                             f"fields: {sorted(fields)}")
         out[key] = _coerce(fields[key], value.strip())
     return out
 
 
-def grid(spec: dict) -> list[list[DQNConfig]]:
+def grid(spec: dict) -> list[list[Any]]:
     """The lockstep groups of a study spec, in a fixed order."""
     base = spec.get("config", {})
+    config_class, _ = agent(spec.get("agent", "dqn"))
     groups = []
     for env_id in spec["envs"]:
-        configs = [DQNConfig(**{**base, "env_id": env_id, "variant": v, "seed": s})
+        configs = [config_class(**{**base, "env_id": env_id, "variant": v, "seed": s})
                    for v in spec["variants"] for s in spec["seeds"]]
         size = spec.get("group", len(configs))
         groups += [configs[i:i + size] for i in range(0, len(configs), size)]
     return groups
 
 
-def _train_group(job: tuple[list[DQNConfig], list[str], int]) -> str:
-    from perx.agents.dqn import train
-
+def _train_group(job: tuple[list[Any], list[str], int]) -> str:
     configs, dirs, position = job
+    train = agent("td3" if type(configs[0]).__name__ == "TD3Config" else "dqn")[1]
     start = time.time()
     train(configs, dirs, progress=position >= 0)
     return f"{configs[0].env_id} x{len(configs)} done in {time.time() - start:.0f} s"
@@ -177,7 +193,7 @@ def plot(root: Path, log=print) -> dict:
     if not data:
         raise SystemExit(f"{root}: no metrics.csv found")
     envs = sorted(data)
-    variants = [v for v in VARIANTS if any(v in data[e] for e in envs)]
+    variants = [v for v in ORDER if any(v in data[e] for e in envs)]
     fig, axes = plt.subplots(1, len(envs), figsize=(5.5 * len(envs), 4), squeeze=False)
     finals: dict = {}
     for ax, env in zip(axes[0], envs, strict=True):
@@ -275,6 +291,12 @@ def study_spec(args: argparse.Namespace) -> dict:
     if args.config:
         with open(args.config, "rb") as f:
             spec.update(tomllib.load(f))
+    if args.agent is not None:
+        spec["agent"] = args.agent
+    if spec.get("agent", "dqn") != "dqn" and not args.config:
+        from perx.agents import td3
+
+        spec.update(envs=["Hopper-v5", "HalfCheetah-v5"], variants=list(td3.VARIANTS), config={"total_steps": 100_000})
     if args.envs:
         spec["envs"] = args.envs
     if args.variants:
@@ -285,17 +307,20 @@ def study_spec(args: argparse.Namespace) -> dict:
         spec.setdefault("config", {})["total_steps"] = args.steps
     if args.group is not None:
         spec["group"] = args.group
-    spec.setdefault("config", {}).update(parse_overrides(args.set))
-    unknown = set(spec["variants"]) - set(VARIANTS)
+    config_class, _ = agent(spec.get("agent", "dqn"))
+    spec.setdefault("config", {}).update(parse_overrides(args.set, config_class))
+    known = importlib.import_module(config_class.__module__).VARIANTS
+    unknown = set(spec["variants"]) - set(known)
     if unknown:
-        raise SystemExit(f"variants: unknown {sorted(unknown)}; known {sorted(VARIANTS)}")
+        raise SystemExit(f"variants: unknown {sorted(unknown)}; known {sorted(known)}")
     return spec
 
 
 def study_main(argv: list[str] | None = None, prog: str = "perx study") -> int:
     parser = argparse.ArgumentParser(prog=prog, description="Run (or resume) a grid of DQN runs.")
     parser.add_argument("name", help="study name: results/<name>/")
-    parser.add_argument("--config", help="TOML file with envs, variants, seeds, group and [config] fields")
+    parser.add_argument("--config", help="TOML file with agent, envs, variants, seeds, group and [config] fields")
+    parser.add_argument("--agent", choices=("dqn", "td3"), help="default dqn (MinAtar); td3: MuJoCo")
     parser.add_argument("--envs", nargs="+")
     parser.add_argument("--variants", nargs="+")
     parser.add_argument("--seeds", type=int, help="number of seeds (0..n-1)")

@@ -1,0 +1,94 @@
+"""TD3 with perx replay: variants, priorities from two critics, PAL, resuming."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gymnasium")
+
+import perx  # noqa: E402
+import perx.torch as pt  # noqa: E402
+from perx.agents import td3  # noqa: E402
+from perx.agents.td3 import TD3Config  # noqa: E402
+
+SMALL = dict(env_id="Pendulum-v1", total_steps=300, start_steps=100, eval_every=150, eval_episodes=1,
+             buffer_size=1000, batch_size=32, hidden=32)
+
+
+def test_every_variant_runs_a_few_hundred_steps_on_pendulum():
+    configs = [TD3Config(variant=v, seed=i, **SMALL) for i, v in enumerate(td3.VARIANTS)]
+    rows = td3.train(configs)
+    for run in rows:
+        assert [r["step"] for r in run] == [150, 300] and np.isfinite(run[-1]["loss"])
+
+
+def filled(variant):
+    runs = td3.Runs([TD3Config(variant=variant, **SMALL)])
+    runs.start()
+    for _ in range(120):
+        runs.env_step(runs.act(runs.obs))
+    return runs
+
+
+@pytest.mark.parametrize("variant", ["per", "lap"])
+def test_priority_is_the_larger_critic_error_for_exactly_the_sampled_ids(variant):
+    runs = filled(variant)
+    buf = runs.buffers[0]
+    seen = {}
+    sample, update = buf.sample, buf.update_priorities
+
+    def rec_sample(*a, **k):
+        seen["batch"] = sample(*a, **k)
+        return seen["batch"]
+
+    def rec_update(ids, td):
+        seen["ids"], seen["td"] = np.asarray(ids).copy(), np.asarray(td).copy()
+        return update(ids, td)
+
+    buf.sample, buf.update_priorities = rec_sample, rec_update
+    before = {k: {n: v.clone() for n, v in net.state_dict().items()} for k, net in runs.nets.items()}
+    noise_state = runs.noise[0].get_state()
+    runs.update()
+    batch = seen["batch"]
+    np.testing.assert_array_equal(seen["ids"], batch.indices)
+    # recompute both critics' TD errors with the networks and the noise generator as they were
+    for k, net in runs.nets.items():
+        net.load_state_dict(before[k])
+    runs.noise[0].set_state(noise_state)
+    c = runs.cfg
+    with torch.no_grad():
+        obs, nxt, act = runs.stack([batch], "obs"), runs.stack([batch], "next_obs"), runs.stack([batch], "action")
+        noise = torch.randn(c.batch_size, runs.act_dim, generator=runs.noise[0])[None]
+        noise = (noise * c.policy_noise).clamp(-c.noise_clip, c.noise_clip) * runs.scale
+        a2 = (runs.pi(runs.actor_t, nxt) + noise).clamp(-2.0, 2.0)
+        sa2 = torch.cat([nxt, a2], dim=-1)
+        y = runs.stack([batch], "return") + runs.stack([batch], "discount") * torch.min(
+            runs.q1_t(sa2), runs.q2_t(sa2)).squeeze(-1)
+        sa = torch.cat([obs, act], dim=-1)
+        d1, d2 = runs.q1(sa).squeeze(-1) - y, runs.q2(sa).squeeze(-1) - y
+    np.testing.assert_allclose(seen["td"], torch.max(d1.abs(), d2.abs())[0].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_pal_samples_uniformly_and_its_loss_is_perx_torch_pal():
+    runs = filled("pal")
+    assert isinstance(runs.buffers[0].sampler, perx.Uniform)
+    delta = torch.tensor([[0.3, -2.0, 5.0, 0.0]])
+    got = td3.critic_loss(delta, torch.ones_like(delta), torch.tensor([2]), torch.tensor([1.0]), torch.tensor([0.4]))
+    assert got.item() == pytest.approx(pt.pal(delta[0], alpha=0.4, kappa=1.0).item(), rel=1e-6)
+    mse = td3.critic_loss(delta, torch.full_like(delta, 0.5), torch.tensor([0]), torch.tensor([1.0]),
+                          torch.tensor([0.0]))
+    assert mse.item() == pytest.approx((0.5 * delta**2).mean().item(), rel=1e-6)  # IS-weighted MSE
+
+
+def test_resuming_td3_continues_exactly(tmp_path):
+    configs = [TD3Config(variant="per", seed=0, **SMALL), TD3Config(variant="lap", seed=1, **SMALL)]
+    full, resumed = [], []
+    td3.train(configs, [tmp_path / "f0", tmp_path / "f1"], on_update=lambda s, losses: full.append((s, losses.copy())))
+    dirs = [tmp_path / "c0", tmp_path / "c1"]
+    td3.train(configs, dirs, stop_after=150)
+    td3.train(configs, dirs, on_update=lambda s, losses: resumed.append((s, losses.copy())))
+    after = [x for x in full if x[0] > 150]
+    assert len(after) == len(resumed) > 0
+    for (s1, l1), (s2, l2) in zip(after, resumed, strict=True):
+        assert s1 == s2
+        np.testing.assert_array_equal(l1, l2)
