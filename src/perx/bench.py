@@ -441,6 +441,8 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
     parser.add_argument("--calls", type=int, default=None, help="calls per block (B <= 64)")
     parser.add_argument("--no-peers", action="store_true", help="skip cpprb and tianshou")
     parser.add_argument("--no-episodes", action="store_true", help="skip the episodic-storage table")
+    parser.add_argument("--frame-size", type=int, default=None,
+                        help="N of the Atari-frame rows (default 100,000; 20,000 with --quick)")
     parser.add_argument("--out", default=None, help="also write the markdown table to this file")
     args = parser.parse_args(argv)
     blocks = args.blocks or (7 if args.quick else 21)
@@ -454,7 +456,8 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
     table = format_table(result, command)
     if not args.no_episodes:
         print("\n| observations | layout | N | B | sample+update | ratio | bytes per transition |", flush=True)
-        rows = episode_run(n_vec=max(args.sizes), n_frames=20_000 if args.quick else 100_000,
+        frames = args.frame_size or (20_000 if args.quick else 100_000)
+        rows = episode_run(n_vec=max(args.sizes), n_frames=frames,
                            batch_sizes=tuple(args.batch_sizes), blocks=blocks, calls=calls,
                            log=lambda line: print(line, flush=True))
         table += "\n" + format_episode_table(rows)

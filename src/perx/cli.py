@@ -9,10 +9,12 @@ USAGE = """usage: perx <command> [options]
 commands:
   cliffwalk  the Blind Cliffwalk study of PER Figures 1 and 2 (updates to convergence vs memory size)
   dqn      train Double DQN with uniform, PER, rank, LAP or PAL replay (one run, or seeds in lockstep)
-  study    run or resume a grid of DQN runs (envs x variants x seeds), then plot it
+  td3      train TD3 with uniform, PER, LAP or PAL replay on MuJoCo (one run, or seeds in lockstep)
+  study    run or resume a grid of DQN or TD3 runs (envs x variants x seeds), then plot it
   plot     learning curves and the table of 004 Table 2 for a study
   bench    time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)
   bench-agents  replay's cost inside the Double DQN loop per variant, and lockstep throughput
+  bench-td3  TD3's run time with perx, cpprb and Tianshou buffers swapped in (004 Table 3)
   rank-tv  total-variation distance of heap-mode rank-based sampling from the power law
   theory   check the loss/sampling equivalence (Fujimoto et al. 2020) exactly; plot the losses
 
@@ -33,14 +35,19 @@ def main(argv: list[str] | None = None) -> int:
         from perx.experiments.cliffwalk import main as cliffwalk_main
 
         return cliffwalk_main(rest, prog="perx cliffwalk")
+    if command == "bench-td3":
+        from perx.experiments.td3_overhead import main as td3_overhead_main
+
+        return td3_overhead_main(rest, prog="perx bench-td3")
     if command == "bench-agents":
         from perx.experiments.agent_bench import main as agent_bench_main
 
         return agent_bench_main(rest, prog="perx bench-agents")
-    if command in ("dqn", "study", "plot"):
+    if command in ("dqn", "td3", "study", "plot"):
         from perx.experiments import study
 
-        run = {"dqn": study.dqn_main, "study": study.study_main, "plot": study.plot_main}[command]
+        run = {"dqn": study.dqn_main, "td3": study.td3_main, "study": study.study_main,
+               "plot": study.plot_main}[command]
         return run(rest, prog=f"perx {command}")
     if command == "rank-tv":
         from perx.experiments.rank_tv import main as rank_tv_main

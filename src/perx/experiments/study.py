@@ -259,22 +259,24 @@ def plot(root: Path, log=print) -> dict:
 
 # -- commands -----------------------------------------------------------------------------------------
 
-def dqn_main(argv: list[str] | None = None, prog: str = "perx dqn") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description="Train Double DQN with a perx replay variant.")
-    parser.add_argument("--env", default="MinAtar/Breakout-v0")
-    parser.add_argument("--variant", default="per", choices=sorted(VARIANTS))
+def dqn_main(argv: list[str] | None = None, prog: str = "perx dqn", agent_name: str = "dqn") -> int:
+    config_class, train = agent(agent_name)
+    variants = importlib.import_module(config_class.__module__).VARIANTS
+    defaults = config_class()
+    parser = argparse.ArgumentParser(prog=prog, description=f"Train {agent_name.upper()} with a perx replay variant.")
+    parser.add_argument("--env", default=defaults.env_id)
+    parser.add_argument("--variant", default=defaults.variant, choices=sorted(variants))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds, trained in lockstep")
     parser.add_argument("--steps", type=int, default=None, help="total environment steps")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default="results/dqn", help="output folder (one subfolder per seed)")
-    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="any DQNConfig field")
+    parser.add_argument("--out", default=f"results/{agent_name}", help="output folder (one subfolder per seed)")
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                        help=f"any {config_class.__name__} field")
     args = parser.parse_args(argv)
-    from perx.agents.dqn import train
-
-    extra = parse_overrides(args.set)
+    extra = parse_overrides(args.set, config_class)
     if args.steps is not None:
         extra["total_steps"] = args.steps
-    configs = [DQNConfig(env_id=args.env, variant=args.variant, seed=s, device=args.device, **extra)
+    configs = [config_class(env_id=args.env, variant=args.variant, seed=s, device=args.device, **extra)
                for s in args.seeds]
     root = Path(args.out)
     dirs = [run_dir(root, c.env_id, c.variant, c.seed) for c in configs]
@@ -283,6 +285,10 @@ def dqn_main(argv: list[str] | None = None, prog: str = "perx dqn") -> int:
         if r:
             print(f"seed {c.seed}: final evaluation return {r[-1]['eval_return']:.2f} at step {int(r[-1]['step'])}")
     return 0
+
+
+def td3_main(argv: list[str] | None = None, prog: str = "perx td3") -> int:
+    return dqn_main(argv, prog, "td3")
 
 
 def study_spec(args: argparse.Namespace) -> dict:
