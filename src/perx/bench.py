@@ -188,6 +188,22 @@ class Cell:
         return statistics.median(self.samples)
 
 
+def _interleaved(fns: dict[str, Callable[[], None]], blocks: int, calls: int) -> dict[str, Cell]:
+    """Time every function in interleaved blocks (so that load changes hit them alike), after a warm-up
+    that compiles kernels and touches memory; garbage collection off while timing."""
+    cells = {name: Cell() for name in fns}
+    for fn in fns.values():
+        _time_block(fn, 10)
+    gc.disable()
+    try:
+        for _ in range(blocks):
+            for name, fn in fns.items():
+                cells[name].samples.append(_time_block(fn, calls))
+    finally:
+        gc.enable()
+    return cells
+
+
 def _time_block(fn: Callable[[], None], calls: int) -> float:
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -239,18 +255,9 @@ def run(sizes=(100_000, 1_000_000), batch_sizes=(32, 256), blocks=15, calls=200,
             if op_name.startswith("add") or op_name.startswith("extend"):
                 if n != max(sizes):
                     continue  # adds are timed once, on the largest buffer
-            cells = {impl.name: Cell() for impl in impls}
             fns = {impl.name: make_fn(impl) for impl in impls}
             k = calls if b is None or b <= 64 else max(20, calls // 4)
-            for fn in fns.values():  # warm up: compile kernels, touch memory
-                _time_block(fn, 10)
-            gc.disable()
-            try:
-                for _ in range(blocks):
-                    for name, fn in fns.items():
-                        cells[name].samples.append(_time_block(fn, k))
-            finally:
-                gc.enable()
+            cells = _interleaved(fns, blocks, k)
             row = {"op": op_name, "N": n, "cells": {name: c.median for name, c in cells.items()}}
             rows.append(row)
             log(format_row(row, impl_names))
@@ -324,18 +331,8 @@ def episode_run(n_vec: int = 1_000_000, n_frames: int = 100_000, batch_sizes=(32
             bufs[name] = buf
         pool = rng.random((UPDATE_POOL, max(batch_sizes)))
         for b in batch_sizes:
-            cells = {name: Cell() for name in bufs}
             fns = {name: _sample_update(buf, b, pool) for name, buf in bufs.items()}
-            k = calls if b <= 64 else max(20, calls // 4)
-            for fn in fns.values():
-                _time_block(fn, 10)
-            gc.disable()
-            try:
-                for _ in range(blocks):
-                    for name, fn in fns.items():
-                        cells[name].samples.append(_time_block(fn, k))
-            finally:
-                gc.enable()
+            cells = _interleaved(fns, blocks, calls if b <= 64 else max(20, calls // 4))
             ref = cells[layouts[0][0]].median
             for name, buf in bufs.items():
                 row = {"group": group, "layout": name, "N": n, "B": b, "time": cells[name].median,

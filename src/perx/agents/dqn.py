@@ -39,7 +39,7 @@ import torch
 
 import perx
 from perx.agents import stacked
-from perx.agents.runner import LockstepRuns, flush_denormals, progress_bar
+from perx.agents.runner import LockstepRuns, VariantConfig, flush_denormals, progress_bar
 
 #: Per-variant settings (see the module docstring).
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -53,7 +53,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 
 
 @dataclass(frozen=True)
-class DQNConfig:
+class DQNConfig(VariantConfig):
+    VARIANTS = VARIANTS
+    OVERRIDES = ("alpha", "beta0", "kappa", "lr_scale")
+
     env_id: str = "MinAtar/Breakout-v0"
     """MinAtar/<Game>-v0, ALE/<Game>-v5, or any Gymnasium id (CartPole-v1 for a smoke test)"""
     variant: str = "per"
@@ -105,15 +108,6 @@ class DQNConfig:
     device: str = "cpu"
     """torch device of the networks (cuda where one exists)"""
 
-    def settings(self) -> dict[str, Any]:
-        """The variant's settings with this config's overrides."""
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant: one of {sorted(VARIANTS)}, got {self.variant!r}")
-        out = dict(VARIANTS[self.variant])
-        for name in ("alpha", "beta0", "kappa", "lr_scale"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        return out
 
 
 #: Fields that must agree between runs trained in one lockstep group.

@@ -14,7 +14,7 @@ import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -26,6 +26,24 @@ from perx.agents.envs import make_env, network_input
 from perx.gym import VectorRecorder
 
 METRICS = ("step", "episodes", "eval_return", "train_return", "loss", "steps_per_second", "runs_in_process")
+
+
+class VariantConfig:
+    """Base of the agents' config dataclasses: a ``variant`` picks a row of ``VARIANTS`` (sampler, loss and
+    their parameters), and fields named in ``OVERRIDES`` replace the row's values unless None."""
+
+    VARIANTS: ClassVar[dict[str, dict[str, Any]]] = {}
+    OVERRIDES: ClassVar[tuple[str, ...]] = ("alpha", "beta0", "kappa")
+
+    def settings(self) -> dict[str, Any]:
+        """The variant's settings with this config's overrides."""
+        if self.variant not in self.VARIANTS:
+            raise ValueError(f"variant: one of {sorted(self.VARIANTS)}, got {self.variant!r}")
+        out = dict(self.VARIANTS[self.variant])
+        for name in self.OVERRIDES:
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
 
 
 class LockstepRuns:

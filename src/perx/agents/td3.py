@@ -30,7 +30,7 @@ import torch
 
 import perx
 from perx.agents import stacked
-from perx.agents.runner import LockstepRuns, flush_denormals, progress_bar
+from perx.agents.runner import LockstepRuns, VariantConfig, flush_denormals, progress_bar
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "uniform": {"sampler": "uniform", "loss": "mse"},
@@ -42,7 +42,8 @@ _LOSS_CODES = {"mse": 0, "huber": 1, "pal": 2}
 
 
 @dataclass(frozen=True)
-class TD3Config:
+class TD3Config(VariantConfig):
+    VARIANTS = VARIANTS
     env_id: str = "Hopper-v5"
     """Gymnasium MuJoCo v5 (Hopper, HalfCheetah, Walker2d, Ant, Humanoid) or Pendulum-v1"""
     variant: str = "lap"
@@ -88,14 +89,6 @@ class TD3Config:
     device: str = "cpu"
     """torch device of the networks"""
 
-    def settings(self) -> dict[str, Any]:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant: one of {sorted(VARIANTS)}, got {self.variant!r}")
-        out = dict(VARIANTS[self.variant])
-        for name in ("alpha", "beta0", "kappa"):
-            if getattr(self, name) is not None:
-                out[name] = getattr(self, name)
-        return out
 
 
 SHARED = ("env_id", "total_steps", "buffer_size", "batch_size", "gamma", "tau", "learning_rate", "start_steps",
