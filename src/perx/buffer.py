@@ -244,7 +244,8 @@ class ReplayBuffer:
             obs_arrays, obs_rows, _ = checker.prepare(obs_fields, batched=batched)
             obs, nxt = (obs_arrays[n] if batched else obs_arrays[n][None] for n in names)
         arrays, rows, new_spec = storage.prepare(fields, batched=batched)
-        store.check_spec(new_spec or storage.spec)
+        if new_spec is not None:  # a fixed layout was checked when it was fixed (first add, spec=, load)
+            store.check_spec(new_spec)
         if cfg.shared and obs_rows != rows:
             raise ValueError(f"{cfg.obs}: has {obs_rows} rows but the other fields have {rows}")
         if rows == 0:

@@ -318,12 +318,13 @@ class EpisodeStore:
         ended = np.asarray(terminated, np.bool_) | np.asarray(truncated, np.bool_)
         ids = np.arange(next_id, next_id + rows, dtype=np.int64)
         # the previous step of the same stream inside this batch, if any
-        order = np.argsort(e, kind="stable")
-        same = e[order[1:]] == e[order[:-1]]
         prev_in = np.full(rows, -1, np.int64)
-        prev_in[order[1:][same]] = order[:-1][same]
         next_in = np.full(rows, -1, np.int64)
-        next_in[order[:-1][same]] = order[1:][same]
+        if rows > 1:
+            order = np.argsort(e, kind="stable")
+            same = e[order[1:]] == e[order[:-1]]
+            prev_in[order[1:][same]] = order[:-1][same]
+            next_in[order[:-1][same]] = order[1:][same]
         inside = prev_in >= 0
         continuing = np.where(inside, ~ended[np.maximum(prev_in, 0)], self.head_open[e])
         pred = np.where(continuing, np.where(inside, ids[np.maximum(prev_in, 0)], self.head[e]), -1)
@@ -431,6 +432,9 @@ class EpisodeStore:
         """Apply a plan after the storage wrote rows ``ids`` (the kept ones at ``slots``)."""
         cfg = self.cfg
         rows = len(ids)
+        if rows == 1 and len(slots) == 1:
+            self._write_one(plan, int(ids[0]), int(slots[0]), next_id_before)
+            return
         e, ended, pred, next_in = plan["e"], plan["ended"], plan["pred"], plan["next_in"]
         kept = len(slots)
         first_kept = rows - kept
@@ -470,6 +474,31 @@ class EpisodeStore:
         self.head_open[touched] = ~ended[rows_last]
         if cfg.shared:
             self.head_units[touched] = plan["nxt"][rows_last]
+
+    def _write_one(self, plan: dict, i: int, s: int, next_id_before: int) -> None:
+        """:meth:`write` for a single step (the common case of one environment per buffer), in scalars."""
+        cfg, cap = self.cfg, self.capacity
+        e, ended, pred = int(plan["e"][0]), bool(plan["ended"][0]), int(plan["pred"][0])
+        if plan["continuing"][0] and pred >= next_id_before + 1 - cap:
+            self.succ[pred % cap] = i
+        if cfg.shared:
+            old = self.final[s]
+            if old >= 0:
+                self.final_free = np.append(self.final_free, old)
+            self.final[s] = -1
+        self.succ[s] = ENDED if ended else PENDING
+        self.stream[s] = e
+        if cfg.shared:
+            self.units[i % self.ring] = plan["cur"][0]
+            if cfg.frame_stack:
+                self.rpred[i % self.ring] = pred
+            if ended:
+                where = self._take_final(1)
+                self.final_units[where[0]] = plan["nxt"][0]
+                self.final[s] = where[0]
+            self.head_units[e] = plan["nxt"][0]  # as write() does (read only while the episode is open)
+        self.head[e] = i
+        self.head_open[e] = not ended
 
     def _take_final(self, count: int) -> np.ndarray:
         if len(self.final_free) < count:
