@@ -179,3 +179,33 @@ def test_atari_pipeline_runs_with_frames_stored_once():
 def test_frame_stacks_are_stored_once_for_atari_shaped_observations():
     cfg = perx.Episodes(frame_stack=4)
     assert cfg.next_obs == "shared"  # stacks imply one frame per step
+
+
+def test_checkpoints_of_a_group_at_different_steps_are_refused(tmp_path):
+    configs = [cartpole(variant="per", seed=0), cartpole(variant="lap", seed=1)]
+    dirs = [tmp_path / "a", tmp_path / "b"]
+    dqn.train(configs, dirs, stop_after=200)
+    dqn.train(configs[:1], dirs[:1], stop_after=400)  # run a alone moves on: the group no longer agrees
+    with pytest.raises(ValueError, match="different steps"):
+        dqn.train(configs, dirs)
+
+
+def test_a_sampler_passed_in_gets_the_priorities_whatever_the_variant():
+    runs = dqn.Runs([cartpole(variant="uniform")], samplers=[perx.Proportional()])
+    assert runs.writes_priorities == [True]
+
+
+@pytest.mark.slow
+def test_atari_evaluation_cap_counts_agent_steps():
+    pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    from perx.agents.envs import make_env
+
+    env = make_env("ALE/Pong-v5", max_episode_steps=40)
+    env.reset(seed=0)
+    steps, done = 0, False
+    while not done:
+        _, _, term, trunc, _ = env.step(0)
+        steps += 1
+        done = term or trunc
+    assert steps == 40

@@ -182,7 +182,8 @@ class Runs(LockstepRuns):
         self.alpha = torch.tensor([s.get("alpha", 0.0) for s in settings], device=self.device)
         self.is_pal = torch.tensor([s["loss"] == "pal" for s in settings], device=self.device)
         self.beta0 = [s.get("beta0", 1.0) for s in settings]
-        self.writes_priorities = [s["sampler"] != "uniform" for s in settings]
+        # priorities go back to every sampler that uses them (a sampler passed in replaces the variant's)
+        self.writes_priorities = [not isinstance(buf.sampler, perx.Uniform) for buf in self.buffers]
 
     def epsilon(self) -> float:
         c = self.cfg
@@ -235,7 +236,10 @@ class Runs(LockstepRuns):
     def load(self, dirs: Sequence[Path]) -> bool:
         for d in dirs:  # checkpoints written before the runner was shared name the networks differently
             _upgrade(d / "checkpoint" / "state.pt")
-        return super().load(dirs)
+        if not super().load(dirs):
+            return False
+        self.writes_priorities = [not isinstance(buf.sampler, perx.Uniform) for buf in self.buffers]
+        return True
 
 
 def _upgrade(path: Path) -> None:
@@ -246,6 +250,8 @@ def _upgrade(path: Path) -> None:
         return
     st["nets"] = {"q": st.pop("q"), "target": st.pop("target")}
     st["optimizers"] = {"q": st.pop("optimizer")}
+    if isinstance(st["env"], bytes):
+        st["env"] = {"pickle": st["env"]}
     tmp = path.with_suffix(".tmp")
     torch.save(st, tmp)
     os.replace(tmp, path)

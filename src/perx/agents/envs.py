@@ -36,11 +36,12 @@ def make_env(env_id: str, *, max_episode_steps: int | None = None) -> Any:
         import ale_py
 
         gym.register_envs(ale_py)
-        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.25,
-                       max_episode_steps=max_episode_steps)
+        env = gym.make(env_id, frameskip=1, repeat_action_probability=0.25)
         env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True,
                                               terminal_on_life_loss=False)
-        return gym.wrappers.FrameStackObservation(env, 4, padding_type="reset")
+        env = gym.wrappers.FrameStackObservation(env, 4, padding_type="reset")
+        # a cap in agent steps (the ALE's own limit, under the frame skip, counts emulator frames)
+        return gym.wrappers.TimeLimit(env, max_episode_steps) if max_episode_steps is not None else env
     if max_episode_steps is not None:
         kwargs["max_episode_steps"] = max_episode_steps
     with warnings.catch_warnings():

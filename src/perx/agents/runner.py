@@ -168,7 +168,7 @@ class LockstepRuns:
                 "step": self.step, "updates": self.updates, "buffer": buffer_name,
                 "nets": {k: n.run_state(r) for k, n in self.nets.items()},
                 "optimizers": {k: o.run_state(r) for k, o in self.optimizers.items()},
-                "rng": self.rngs[r].bit_generator.state, "env": pickle.dumps(self.envs.envs[r]),
+                "rng": self.rngs[r].bit_generator.state, "env": env_state(self.envs.envs[r]),
                 "obs": self.obs[r].copy(), "episodes": int(self.episodes[r]), "running": float(self.running[r]),
                 "recent": list(self.recent[r]), "rows": list(self.rows[r]),
                 "config": dataclasses.asdict(self.configs[r]), **self.extra_state(r),
@@ -187,16 +187,20 @@ class LockstepRuns:
         pass
 
     def load(self, dirs: Sequence[Path]) -> bool:
-        """Restore every run from its checkpoint; False (and nothing changed) unless all have one at the
-        same step. Checkpoints are this runner's own files (they hold pickled environments)."""
-        states = []
-        for d in dirs:
-            path = d / "checkpoint" / "state.pt"
-            if not path.exists():
-                return False
-            states.append(torch.load(path, weights_only=False))
-        if len({s["step"] for s in states}) != 1:
+        """Restore every run from its checkpoint; False (nothing changed) when none of them has one.
+        Checkpoints are this runner's own files (they hold pickled environments)."""
+        paths = [d / "checkpoint" / "state.pt" for d in dirs]
+        if not any(p.exists() for p in paths):
             return False
+        missing = [str(p) for p in paths if not p.exists()]
+        if missing:
+            raise ValueError(f"checkpoints: some runs of this lockstep group have none ({missing}); the group "
+                             f"cannot resume together. Remove the group's checkpoints to start it again")
+        states = [torch.load(p, weights_only=False) for p in paths]
+        steps = {str(d): s["step"] for d, s in zip(dirs, states, strict=True)}
+        if len(set(steps.values())) != 1:
+            raise ValueError(f"checkpoints: the runs of this lockstep group stopped at different steps {steps} "
+                             f"(interrupted while saving?); remove the group's checkpoints to start it again")
         envs = []
         for r, (d, st) in enumerate(zip(dirs, states, strict=True)):
             if st["config"] != dataclasses.asdict(self.configs[r]):
@@ -207,7 +211,7 @@ class LockstepRuns:
             for k, o in self.optimizers.items():
                 o.load_run_state(r, st["optimizers"][k])
             self.rngs[r].bit_generator.state = st["rng"]
-            envs.append(pickle.loads(st["env"]))
+            envs.append(restore_env(st["env"]))
             self.episodes[r], self.running[r] = st["episodes"], st["running"]
             self.recent[r], self.rows[r] = st["recent"], st["rows"]
             self.load_extra_state(r, st)
@@ -235,6 +239,46 @@ class LockstepRuns:
             for d in dirs:
                 (d / "done").write_text(json.dumps({"step": self.step}))
         self.envs.close()
+
+
+def env_state(env: Any) -> dict:
+    """Everything needed to continue ``env`` exactly. Pickling keeps the wrappers' state, but Gymnasium's
+    MuJoCo and ale-py's Atari environments pickle only their constructor arguments (``EzPickle``): their
+    simulator state and random generator are saved on their own."""
+    u = env.unwrapped
+    state: dict[str, Any] = {"pickle": pickle.dumps(env)}
+    rng = getattr(u, "_np_random", None)
+    if rng is not None:
+        state["np_random"] = (type(rng.bit_generator).__name__, rng.bit_generator.state)
+    if hasattr(u, "model") and hasattr(u, "data"):  # MuJoCo: the complete integration state
+        import mujoco
+
+        kind = mujoco.mjtState.mjSTATE_INTEGRATION
+        buf = np.empty(mujoco.mj_stateSize(u.model, kind))
+        mujoco.mj_getState(u.model, u.data, buf, kind)
+        state["mujoco"] = buf
+    if hasattr(u, "ale"):  # Atari: the emulator, its random generator included
+        state["ale"] = u.ale.cloneState(include_rng=True)
+    return state
+
+
+def restore_env(state: dict) -> Any:
+    """The environment :func:`env_state` saved, in exactly that state."""
+    env = pickle.loads(state["pickle"])
+    u = env.unwrapped
+    if "np_random" in state:
+        name, rng_state = state["np_random"]
+        bit_generator = getattr(np.random, name)()
+        bit_generator.state = rng_state
+        u._np_random = np.random.Generator(bit_generator)
+    if "mujoco" in state:
+        import mujoco
+
+        mujoco.mj_setState(u.model, u.data, state["mujoco"], mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_forward(u.model, u.data)
+    if "ale" in state:
+        u.ale.restoreState(state["ale"])
+    return env
 
 
 class flush_denormals:

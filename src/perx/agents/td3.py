@@ -9,6 +9,7 @@ per       ``Proportional(0.6, eps=1e-10)``, beta       IS-weighted MSE          
           0.4 -> 1
 lap       ``LAP(0.4, kappa=1)``                        Huber, kappa 1 (004 eq. 9)          max_c abs(d_c)
 pal       ``Uniform()``                                PAL, alpha 0.4, kappa 1 (eq. 10)    -
+                                                       (one lambda for both critics)
 ========= ============================================ ================================== ==============
 
 With two critics the priority is the larger of their |delta| (004 Appendix D.1). Table 6: Adam 3e-4,
@@ -65,11 +66,11 @@ class TD3Config(VariantConfig):
     start_steps: int = 25_000
     """initial steps with uniformly random actions (Table 6)"""
     exploration_noise: float = 0.1
-    """std of the Gaussian exploration noise, as a fraction of the action range"""
+    """std of the Gaussian exploration noise, in units of the largest action (half the range)"""
     policy_noise: float = 0.2
-    """std of the target policy smoothing noise (fraction of the range)"""
+    """std of the target policy smoothing noise, in units of the largest action"""
     noise_clip: float = 0.5
-    """clip of the target policy noise (fraction of the range)"""
+    """clip of the target policy noise, in units of the largest action"""
     policy_freq: int = 2
     """critic updates per actor update"""
     hidden: int = 256
@@ -106,15 +107,17 @@ def make_sampler(cfg: TD3Config) -> perx.Sampler:
 
 
 def critic_loss(delta: torch.Tensor, weights: torch.Tensor, code: torch.Tensor, kappa: torch.Tensor,
-                alpha: torch.Tensor) -> torch.Tensor:
+                alpha: torch.Tensor, priority: torch.Tensor | None = None) -> torch.Tensor:
     """Per-run loss [R] of one critic's TD errors [R, B]: MSE delta^2 (TD3's ``F.mse_loss``, weighted by IS
-    weights), Huber with threshold kappa (004 eq. 2), or PAL (004 eq. 10, lambda from the batch, held
-    constant), as ``code`` says per run (0, 1, 2)."""
+    weights), Huber with threshold kappa (004 eq. 2), or PAL (004 eq. 10), as ``code`` says per run (0, 1,
+    2). PAL's lambda = mean_j max(|priority_j|, kappa)^alpha over the batch, held constant; ``priority`` is
+    the larger |delta| of the two critics (one lambda for both, as the 004 code does), default |delta|."""
     k, al = kappa.unsqueeze(1), alpha.unsqueeze(1)
     a = delta.abs()
     mse = weights * delta * delta
     huber = torch.where(a <= k, 0.5 * delta * delta, k * (a - 0.5 * k))
-    lam = a.detach().clamp(min=k).pow(al).mean(dim=1, keepdim=True)
+    p = a if priority is None else priority
+    lam = p.detach().clamp(min=k).pow(al).mean(dim=1, keepdim=True)
     pal = torch.where(a <= k, 0.5 * k.pow(al) * delta * delta, k * a.clamp(min=k).pow(1 + al) / (1 + al)) / lam
     c = code.unsqueeze(1)
     return torch.where(c == 0, mse, torch.where(c == 1, huber, pal)).mean(dim=1)
@@ -158,14 +161,17 @@ class Runs(LockstepRuns):
         self.kappa = torch.tensor([s.get("kappa", 1.0) for s in settings], device=dev)
         self.alpha = torch.tensor([s.get("alpha", 0.0) for s in settings], device=dev)
         self.beta0 = [s.get("beta0", 1.0) for s in settings]
-        self.writes_priorities = [s["sampler"] != "uniform" for s in settings]
+        self.writes_priorities = [not isinstance(buf.sampler, perx.Uniform) for buf in self.buffers]
         # target policy noise from one generator per run, so that a run's draws do not depend on its group
         self.noise = [torch.Generator().manual_seed(cfg.seed + 3) for cfg in configs]
         self.scale = torch.as_tensor((self.high - self.low) / 2, device=dev)
         self.centre = torch.as_tensor((self.high + self.low) / 2, device=dev)
 
     def beta(self, r: int) -> float:
-        return self.beta0[r] + (1.0 - self.beta0[r]) * min(1.0, self.step / self.cfg.total_steps)
+        """beta0 at the first update (after the random start steps), 1 at the end of training."""
+        c = self.cfg
+        done = (self.step - c.start_steps) / max(1, c.total_steps - c.start_steps)
+        return self.beta0[r] + (1.0 - self.beta0[r]) * min(1.0, max(0.0, done))
 
     def pi(self, net: stacked.StackedNet, obs: torch.Tensor) -> torch.Tensor:
         """Actions of the actor ``net`` for observations [R, B, obs_dim], in the action space's range."""
@@ -201,12 +207,13 @@ class Runs(LockstepRuns):
             y = self.stack(batches, "return") + self.stack(batches, "discount") * next_q  # 0 only if terminated
         sa = torch.cat([obs, actions], dim=-1)
         d1, d2 = self.q1(sa).squeeze(-1) - y, self.q2(sa).squeeze(-1) - y
-        losses = (critic_loss(d1, weights, self.code, self.kappa, self.alpha)
-                  + critic_loss(d2, weights, self.code, self.kappa, self.alpha))
+        top = torch.max(d1.detach().abs(), d2.detach().abs())  # 004 D.1: the larger |delta| of the critics
+        losses = (critic_loss(d1, weights, self.code, self.kappa, self.alpha, top)
+                  + critic_loss(d2, weights, self.code, self.kappa, self.alpha, top))
         self.critic_opt.zero_grad()
         losses.sum().backward()
         self.critic_opt.step()
-        td = torch.max(d1.detach().abs(), d2.detach().abs()).cpu().numpy()  # 004 D.1: the larger |delta|
+        td = top.cpu().numpy()
         for r, (buf, batch) in enumerate(zip(self.buffers, batches, strict=True)):
             if self.writes_priorities[r]:
                 buf.update_priorities(batch.indices, td[r])
@@ -221,6 +228,12 @@ class Runs(LockstepRuns):
                     for p, pt in zip(net.parameters(), tgt.parameters(), strict=True):
                         pt.lerp_(p, c.tau)
         return losses.detach()
+
+    def load(self, dirs: Sequence[Path]) -> bool:
+        if not super().load(dirs):
+            return False
+        self.writes_priorities = [not isinstance(buf.sampler, perx.Uniform) for buf in self.buffers]
+        return True
 
     def extra_state(self, r: int) -> dict:
         return {"noise": self.noise[r].get_state()}

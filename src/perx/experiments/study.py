@@ -213,27 +213,35 @@ def plot(root: Path, log=print) -> dict:
                     highs.append(m + h)
             line = ax.plot(xs, means, label=f"{v} ({len(seeds)} seeds)")[0]
             ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15, linewidth=0)
-            finals.setdefault(env, {})[v] = {s: final_score(rows) for s, rows in seeds.items() if rows}
+            finals.setdefault(env, {})[v] = seeds
         ax.set_title(env)
         ax.set_xlabel("environment steps")
-        ax.set_ylabel("evaluation return (epsilon 0.001)")
+        ax.set_ylabel("evaluation return")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper left", framealpha=0.8)
+    # Final scores at the step every run of an environment has reached (a study in progress compares
+    # like with like); finished studies use each run's last 10 evaluations.
+    common = {env: min(int(rows[-1]["step"]) for v in finals[env].values() for rows in v.values() if rows)
+              for env in finals}
+    finals = {env: {v: {s: final_score([r for r in rows if r["step"] <= common[env]])
+                        for s, rows in seeds.items() if rows} for v, seeds in per_v.items()}
+              for env, per_v in finals.items()}
     fig.suptitle(f"{root.name}: mean and 95% confidence band over seeds")
     fig.tight_layout()
     fig.savefig(root / "curves.png", dpi=120)
     plt.close(fig)
     lines = [f"# {root.name}: final scores and gains", "",
-             "Final score: mean evaluation return over the last 10 evaluations of each run (004 D.2); mean over "
-             "seeds with the half-width of a 95% t interval. Gain of x over y: (x - y) / |y| per environment "
-             "(004 Table 2), then mean and median over environments.", "",
+             "Final score: mean evaluation return over the last 10 evaluations of each run (004 D.2) up to the "
+             "step every run of the environment has reached (" + ", ".join(f"{e}: {common[e]:,}" for e in envs)
+             + "); mean over seeds with the half-width of a 95% t interval. Gain of x over y: (x - y) / |y| "
+             "per environment (004 Table 2), then mean and median over environments.", "",
              "| env | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
     with open(root / "final.csv", "w") as f:
         f.write("env,variant,seed,final_score,steps\n")
         for env in envs:
             for v in variants:
                 for s, score in sorted(finals.get(env, {}).get(v, {}).items()):
-                    f.write(f"{env},{v},{s},{score:.4f},{int(data[env][v][s][-1]['step'])}\n")
+                    f.write(f"{env},{v},{s},{score:.4f},{common[env]}\n")
     means = {env: {v: t_interval(list(finals[env][v].values())) for v in finals.get(env, {})} for env in envs}
     for env in envs:
         cells = [f"{means[env][v][0]:.2f} ± {means[env][v][1]:.2f}" if v in means[env] else "-" for v in variants]
@@ -292,17 +300,22 @@ def td3_main(argv: list[str] | None = None, prog: str = "perx td3") -> int:
 
 
 def study_spec(args: argparse.Namespace) -> dict:
-    spec: dict[str, Any] = {"envs": list(DEFAULT_ENVS), "variants": list(VARIANTS), "seeds": [0, 1, 2],
-                            "config": {"total_steps": 500_000}}
+    """The grid: the agent's defaults, then the TOML file, then the flags."""
+    given: dict[str, Any] = {}
     if args.config:
         with open(args.config, "rb") as f:
-            spec.update(tomllib.load(f))
-    if args.agent is not None:
-        spec["agent"] = args.agent
-    if spec.get("agent", "dqn") != "dqn" and not args.config:
+            given = tomllib.load(f)
+    name = args.agent or given.get("agent", "dqn")
+    if name == "td3":
         from perx.agents import td3
 
-        spec.update(envs=["Hopper-v5", "HalfCheetah-v5"], variants=list(td3.VARIANTS), config={"total_steps": 100_000})
+        defaults = {"envs": ["Hopper-v5", "HalfCheetah-v5"], "variants": list(td3.VARIANTS), "total_steps": 100_000}
+    else:
+        defaults = {"envs": list(DEFAULT_ENVS), "variants": list(VARIANTS), "total_steps": 500_000}
+    spec: dict[str, Any] = {"envs": defaults["envs"], "variants": defaults["variants"], "seeds": [0, 1, 2], **given}
+    spec["config"] = {"total_steps": defaults["total_steps"], **given.get("config", {})}
+    if name != "dqn":
+        spec["agent"] = name
     if args.envs:
         spec["envs"] = args.envs
     if args.variants:
