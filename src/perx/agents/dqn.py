@@ -75,6 +75,10 @@ class DQNConfig(VariantConfig):
     """n-step returns (1: Algorithm 1's one-step target)"""
     optimizer: str = "rmsprop"
     """rmsprop (MinAtar paper: centered, alpha 0.95, eps 0.01) or adam"""
+    optimizer_eps: float | None = None
+    """the optimiser's eps; None: 0.01 for rmsprop (MinAtar paper), 1e-8 for adam. 004 Table 7 uses 1e-5. With
+    RMSprop it sets the gradient scale below which steps shrink with the gradient: a loss of smaller scale
+    (IS weights below 1, LAP's and PAL's kappa = 0.01) then takes smaller steps"""
     learning_rate: float = 2.5e-4
     """baseline step size eta (MinAtar paper); the variant scales it (lr_scale)"""
     train_frequency: int = 4
@@ -111,7 +115,8 @@ class DQNConfig(VariantConfig):
 
 
 #: Fields that must agree between runs trained in one lockstep group.
-SHARED = ("env_id", "total_steps", "buffer_size", "batch_size", "gamma", "n_step", "optimizer", "learning_rate",
+SHARED = ("env_id", "total_steps", "buffer_size", "batch_size", "gamma", "n_step", "optimizer", "optimizer_eps",
+          "learning_rate",
           "train_frequency", "target_update", "learning_starts", "eps_start", "eps_end", "eps_decay_steps",
           "eval_every", "eval_episodes", "eval_epsilon", "eval_max_steps", "device")
 
@@ -174,7 +179,9 @@ class Runs(LockstepRuns):
         self.target.load_state_dict(self.q.state_dict())
         settings = [cfg.settings() for cfg in configs]
         lr = torch.tensor([first.learning_rate * s["lr_scale"] for s in settings], device=self.device)
-        opt = {"eps": 0.01, "alpha": 0.95, "centered": True} if first.optimizer == "rmsprop" else {}
+        rmsprop = first.optimizer == "rmsprop"
+        eps = first.optimizer_eps if first.optimizer_eps is not None else (0.01 if rmsprop else 1e-8)
+        opt = {"eps": eps, "alpha": 0.95, "centered": True} if rmsprop else {"eps": eps}
         self.optimizer = stacked.StackedOptimizer(list(self.q.parameters()), lr, first.optimizer, **opt)
         self.nets = {"q": self.q, "target": self.target}
         self.optimizers = {"q": self.optimizer}

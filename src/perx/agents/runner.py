@@ -203,7 +203,7 @@ class LockstepRuns:
                              f"(interrupted while saving?); remove the group's checkpoints to start it again")
         envs = []
         for r, (d, st) in enumerate(zip(dirs, states, strict=True)):
-            if st["config"] != dataclasses.asdict(self.configs[r]):
+            if not same_config(st["config"], self.configs[r]):
                 raise ValueError(f"{d}: the checkpoint was made with another configuration")
             self.buffers[r] = perx.ReplayBuffer.load(d / "checkpoint" / st["buffer"])
             for k, n in self.nets.items():
@@ -239,6 +239,13 @@ class LockstepRuns:
             for d in dirs:
                 (d / "done").write_text(json.dumps({"step": self.step}))
         self.envs.close()
+
+
+def same_config(saved: dict, cfg: Any) -> bool:
+    """A saved config equals ``cfg``; a field added since it was saved must hold its default there."""
+    now = dataclasses.asdict(cfg)
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
+    return all(saved[k] == v if k in saved else v == defaults[k] for k, v in now.items()) and saved.keys() <= now.keys()
 
 
 def env_state(env: Any) -> dict:
