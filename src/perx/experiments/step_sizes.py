@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r['env']} {r['variant']} seed {r['seed']}: grad {r['grad_rms']:.2e}, "
                   f"sqrt(v - m^2) {r['denominator_rms']:.2e} (eps {r['eps']:g}), update {r['update_rms']:.2e}")
     lines = [f"# Update sizes per variant ({args.study})", "",
-             f"Command: `python -m perx.experiments.step_sizes {args.study}" + (f" --out {args.out}`" if args.out else "`"),
+             f"Command: `python -m perx.experiments.step_sizes {args.study}"
+             + (f" --out {args.out}`" if args.out else "`"),
              "", f"From each run's last checkpoint, {args.updates} further updates on a copy; RMS over all parameters "
              "of the network, mean over updates and seeds.", "",
              "| env | variant | step | lr | eps | gradient RMS | sqrt(v - m^2) RMS | update RMS | update / uniform's |",
@@ -76,9 +77,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rs = per[v]
             u = np.mean([r["update_rms"] for r in rs])
+            grad = np.mean([r["grad_rms"] for r in rs])
+            denom = np.mean([r["denominator_rms"] for r in rs])
             lines.append(f"| {env} | {v} | {rs[0]['step']:,} | {rs[0]['lr']:.3g} | {rs[0]['eps']:g} | "
-                         f"{np.mean([r['grad_rms'] for r in rs]):.2e} | {np.mean([r['denominator_rms'] for r in rs]):.2e} "
-                         f"| {u:.2e} | {u / ref:.3f} |")
+                         f"{grad:.2e} | {denom:.2e} | {u:.2e} | {u / ref:.3f} |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
