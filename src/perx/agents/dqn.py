@@ -55,7 +55,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
 @dataclass(frozen=True)
 class DQNConfig(VariantConfig):
     VARIANTS = VARIANTS
-    OVERRIDES = ("alpha", "beta0", "kappa", "lr_scale")
+    OVERRIDES = ("alpha", "beta0", "kappa", "lr_scale", "normalize")
 
     env_id: str = "MinAtar/Breakout-v0"
     """MinAtar/<Game>-v0, ALE/<Game>-v5, or any Gymnasium id (CartPole-v1 for a smoke test)"""
@@ -107,6 +107,9 @@ class DQNConfig(VariantConfig):
     """initial IS exponent, annealed to 1; None: the variant's"""
     kappa: float | None = None
     """Huber threshold and LAP/PAL floor; None: the variant's"""
+    normalize: str | None = None
+    """IS weights divided by the buffer-wide largest weight ("buffer", 000 Sec. 3.4; the default) or the
+    batch's ("batch", as the 004 and Dopamine code do)"""
     lr_scale: float | None = None
     """step-size factor of the variant; None: the variant's (1/4 for per and rank)"""
     device: str = "cpu"
@@ -126,9 +129,9 @@ def make_sampler(cfg: DQNConfig) -> perx.Sampler:
     if s["sampler"] == "uniform":
         return perx.Uniform()
     if s["sampler"] == "proportional":
-        return perx.Proportional(alpha=s["alpha"], eps=s.get("eps", 1e-6))
+        return perx.Proportional(alpha=s["alpha"], eps=s.get("eps", 1e-6), normalize=s.get("normalize", "buffer"))
     if s["sampler"] == "rank":
-        return perx.RankBased(alpha=s["alpha"])
+        return perx.RankBased(alpha=s["alpha"], normalize=s.get("normalize", "buffer"))
     return perx.LAP(alpha=s["alpha"], kappa=s["kappa"])
 
 
