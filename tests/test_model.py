@@ -35,6 +35,8 @@ class Model:
         self.rows = {}  # id -> {field: value}
         self.prio = {}  # id -> raw priority (Proportional) or key (+inf until replayed; heap samplers)
         self.kind = sampler.name
+        if self.kind == "Hybrid":  # each component keeps its own priorities: one model per component
+            self.parts = [Model(c, capacity) for c in sampler.components]
         if self.kind == "Proportional":
             self.alpha, self.eps, self.floor = sampler.alpha, sampler.eps, sampler.min_priority
             self.initial = max(1.0, self.eps, self.floor)
@@ -56,6 +58,8 @@ class Model:
         return max(max(self.prio[i] for i in staying), max(self.eps, self.floor))
 
     def extend(self, data, n):
+        for part in getattr(self, "parts", ()):
+            part.extend(data, n)
         p = self.new_priority(n)
         for j in range(n):
             i = self.next_id + j
@@ -67,6 +71,8 @@ class Model:
                 del self.rows[i], self.prio[i]
 
     def update(self, ids, values, raw):
+        for part in getattr(self, "parts", ()):
+            part.update(ids, values, raw)
         count = 0
         for i, v in zip(ids.tolist(), values.tolist(), strict=True):
             if i not in self.rows:
@@ -78,7 +84,7 @@ class Model:
             else:
                 p = v if raw else abs(v)
             self.prio[i] = p
-        return count if self.kind != "Uniform" else sum(i in self.rows for i in ids.tolist())
+        return count if self.kind not in ("Uniform", "Hybrid") else sum(i in self.rows for i in ids.tolist())
 
     def masses(self):
         return {i: (1.0 if self.alpha == 0 else p**self.alpha) for i, p in self.prio.items()}
@@ -88,22 +94,28 @@ class Model:
         return sorted(self.rows, key=lambda i: (-self.prio[i], i))
 
 
-def check_state(buf, model):
+def check_state(buf, model, s=None):
     assert buf.next_index == model.next_id and len(buf) == len(model.rows)
     ids = np.array(sorted(model.rows), np.int64)
     if not len(ids):
         return
     slots = ids % buf.capacity
-    for name, arr in buf._storage.data.items():
-        np.testing.assert_array_equal(arr[slots], np.array([model.rows[i][name] for i in ids.tolist()]))
-    s = buf.sampler
+    if s is None:
+        for name, arr in buf._storage.data.items():
+            np.testing.assert_array_equal(arr[slots], np.array([model.rows[i][name] for i in ids.tolist()]))
+        s = buf.sampler
+    if model.kind == "Hybrid":
+        for comp, part in zip(s.components, model.parts, strict=True):
+            check_state(buf, part, comp)
+        return
     expected = np.array([model.prio[i] for i in ids.tolist()])
     if model.kind == "Proportional":
         np.testing.assert_array_equal(s.priorities(slots), expected)
         mass = model.masses()
         total = math.fsum(mass.values())
         if total > 0:
-            np.testing.assert_allclose(buf.probabilities(ids), [mass[i] / total for i in ids.tolist()], rtol=1e-12)
+            np.testing.assert_allclose(s.probabilities(slots, len(ids)), [mass[i] / total for i in ids.tolist()],
+                                   rtol=1e-12)
         if not model.buffer_max:
             assert s.max_priority == model.top
         nodes = s.sum_tree.nodes.copy()
@@ -139,6 +151,14 @@ def check_batch(buf, model, batch, size, beta):
             np.testing.assert_allclose(batch.weights, w, rtol=1e-12)
     elif model.kind == "Greedy":
         np.testing.assert_array_equal(batch.indices, model.order()[:size])
+    elif model.kind == "Hybrid":  # the mixture of the components' P(i) with shares k_c / B, batch-normalised weights
+        k = s.counts(size)
+        p = np.zeros(size)
+        for comp, part, kc in zip(s.components, model.parts, k, strict=True):
+            if kc:
+                p += kc / size * component_probabilities(buf, part, comp, batch.indices, int(kc))
+        np.testing.assert_allclose(batch.probabilities, p, rtol=1e-12)
+        np.testing.assert_allclose(batch.weights, (p / p.min()) ** -beta, rtol=1e-12)
     else:  # RankBased: reported probabilities are the segment scheme's at the current positions
         positions = s.ranks(batch.indices % buf.capacity)
         k = size if s.n_segments is None else s.n_segments
@@ -148,6 +168,18 @@ def check_batch(buf, model, batch, size, beta):
         if s.exact:
             true_rank = {i: r for r, i in enumerate(model.order())}
             np.testing.assert_array_equal(positions, [true_rank[i] for i in batch.indices.tolist()])
+
+
+def component_probabilities(buf, model, s, ids, k):
+    """P(i) of a component sampler in a batch of k draws: from the model where it knows them (uniform,
+    proportional masses), else the sampler's segment scheme at its current positions (rank-based)."""
+    if model.kind == "Uniform":
+        return np.full(len(ids), 1 / len(model.rows))
+    if model.kind == "Proportional":
+        mass = model.masses()
+        total = math.fsum(mass.values())
+        return np.array([mass[i] / total for i in ids.tolist()])
+    return s.probabilities(ids % buf.capacity, len(model.rows), k)
 
 
 def drive(name, seed, steps, tmp_path):
@@ -177,7 +209,10 @@ def drive(name, seed, steps, tmp_path):
             if model.kind == "Greedy":
                 size = min(size, len(model.rows))
             beta = float(rng.choice([0.0, 0.4, 1.0]))
-            if model.kind == "Proportional" and not any(model.masses().values()):
+            parts = getattr(model, "parts", [model])
+            drawn = buf.sampler.counts(size) if model.kind == "Hybrid" else [1]  # components that draw
+            if any(k and m.kind == "Proportional" and not any(m.masses().values())
+                   for m, k in zip(parts, drawn, strict=True)):
                 with pytest.raises(ValueError, match="priority 0"):  # set_priorities put every one at 0
                     buf.sample(size, beta=beta)
                 continue
@@ -217,7 +252,9 @@ def drive(name, seed, steps, tmp_path):
             buf.save(path)
             twin = perx.ReplayBuffer.load(path)
             check_state(twin, model)
-            if model.rows and model.kind != "Greedy" and (model.kind != "Proportional" or any(model.masses().values())):
+            massless = any(m.kind == "Proportional" and not any(m.masses().values())
+                           for m in getattr(model, "parts", [model]))
+            if model.rows and model.kind != "Greedy" and not massless:
                 size = int(rng.integers(1, 9))
                 a, b = buf.sample(size, beta=0.5), twin.sample(size, beta=0.5)
                 np.testing.assert_array_equal(a.indices, b.indices)

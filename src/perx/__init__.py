@@ -4,10 +4,11 @@ Core (numpy + numba only): storage, priority trees, samplers, the buffer, IS wei
 ``import perx`` never imports torch, gymnasium or matplotlib.
 """
 
-from perx import losses
+from perx import losses, priorities
 from perx.buffer import Batch, ReplayBuffer
 from perx.episodes import Episodes
-from perx.samplers import LAP, Greedy, Proportional, RankBased, Sampler, Uniform
+from perx.priorities import Prioritizer
+from perx.samplers import LAP, Greedy, Hybrid, Proportional, RankBased, Sampler, Uniform
 from perx.schedules import LinearSchedule
 from perx.storage import FieldSpec, Storage
 from perx.trees import MaxTree, MinTree, SumTree
@@ -21,9 +22,11 @@ __all__ = [
     "Episodes",
     "FieldSpec",
     "Greedy",
+    "Hybrid",
     "LinearSchedule",
     "MaxTree",
     "MinTree",
+    "Prioritizer",
     "Proportional",
     "RankBased",
     "ReplayBuffer",
@@ -34,4 +37,5 @@ __all__ = [
     "__version__",
     "importance_weights",
     "losses",
+    "priorities",
 ]

@@ -414,6 +414,46 @@ class ReplayBuffer:
             values = as_value_array(values, name, length=n)
         return indices, values
 
+    def priorities(self, indices) -> np.ndarray:
+        """Stored raw priorities p_i (float64 [B]) of live ``indices``: after eps and the floor, before
+        alpha. New transitions hold the maximal priority; ``perx.RankBased`` and ``perx.Greedy`` report
+        +inf for a transition not yet replayed (they keep it above every replayed one).
+
+        Raises:
+            ValueError: an id that is not live, or a sampler that keeps no priorities (``perx.Uniform``).
+        """
+        from perx.samplers.hybrid import stored_priorities
+
+        slots = self._live(as_index_array(indices, "indices")) % self.capacity
+        return stored_priorities(self.sampler, slots)
+
+    def predecessors(self, indices) -> np.ndarray:
+        """The id of the step before each of ``indices`` in the same episode, or -1 (int64 [B]).
+
+        -1 when the step starts an episode, or its predecessor has been overwritten. With
+        :class:`perx.Episodes` the links are the recorded ones (any number of streams). Without, the
+        buffer is read as one stream in order: the predecessor of id i is i - 1 unless that step ended
+        its episode (its ``terminated`` or ``truncated`` field is true); both fields must exist.
+        Used by the predecessor boost of 000 App. A (:class:`perx.priorities.PredecessorBoost`).
+        """
+        ids = self._live(as_index_array(indices, "indices"))
+        oldest = max(0, self._storage.next_id - self.capacity)
+        if self._episodes is not None:
+            pred = self._episodes.pred[ids % self.capacity].copy()
+        else:
+            data = self._storage.data
+            missing = [n for n in ("terminated", "truncated") if n not in data]
+            if missing:
+                raise ValueError(f"predecessors: a buffer without perx.Episodes needs the fields 'terminated' "
+                                 f"and 'truncated' to tell where episodes end; missing {missing}")
+            pred = ids - 1
+            inside = pred >= oldest
+            prev = pred[inside] % self.capacity
+            ended = data["terminated"][prev].astype(bool) | data["truncated"][prev].astype(bool)
+            pred[np.flatnonzero(inside)[ended]] = -1
+        pred[pred < oldest] = -1
+        return pred
+
     def probabilities(self, indices=None, batch_size: int | None = None) -> np.ndarray:
         """Exact per-draw sampling probabilities P(i) (float64) of live ``indices``, or of every
         stored transition in slot order when ``indices`` is None.
@@ -496,8 +536,8 @@ class ReplayBuffer:
                                  f"truncated or corrupted, or was crafted ({type(err).__name__}: {err})") from err
 
 
-_LOCKED = ("add", "extend", "sample", "get", "update_priorities", "set_priorities", "probabilities", "save",
-           "end_episodes")
+_LOCKED = ("add", "extend", "sample", "get", "update_priorities", "set_priorities", "probabilities",
+           "priorities", "predecessors", "save", "end_episodes")
 
 
 def _locked(method, lock):

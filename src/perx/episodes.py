@@ -238,6 +238,7 @@ class EpisodeStore:
         streams = cfg.streams
         self.succ = np.full(capacity, ENDED, np.int64)
         self.stream = np.zeros(capacity, np.int64)
+        self.pred = np.full(capacity, -1, np.int64)  # previous step of the episode (derived from succ on load)
         self.head = np.full(streams, -1, np.int64)  # newest id of each stream, -1 before its first step
         self.head_open = np.zeros(streams, np.bool_)  # does that step's episode go on?
         self.final = np.full(capacity, -1, np.int64) if cfg.shared else np.empty(0, np.int64)
@@ -301,7 +302,8 @@ class EpisodeStore:
 
     @property
     def nbytes(self) -> int:
-        arrays = [self.succ, self.stream, self.head, self.head_open, self.final, self.rpred, self.final_free]
+        arrays = [self.succ, self.stream, self.pred, self.head, self.head_open, self.final, self.rpred,
+                  self.final_free]
         arrays += [a for a in (self.units, self.final_units, self.head_units) if a is not None]
         return sum(a.nbytes for a in arrays)
 
@@ -455,6 +457,7 @@ class EpisodeStore:
         succ = np.where(ended, ENDED, np.where(next_in >= 0, ids[np.maximum(next_in, 0)], PENDING))
         self.succ[slots] = succ[first_kept:]
         self.stream[slots] = e[first_kept:]
+        self.pred[slots] = pred[first_kept:]
         if cfg.shared:
             in_ring = slice(max(0, rows - ring), rows)
             self.units[ids[in_ring] % ring] = plan["cur"][in_ring]
@@ -488,6 +491,7 @@ class EpisodeStore:
             self.final[s] = -1
         self.succ[s] = ENDED if ended else PENDING
         self.stream[s] = e
+        self.pred[s] = pred
         if cfg.shared:
             self.units[i % self.ring] = plan["cur"][0]
             if cfg.frame_stack:
@@ -611,6 +615,8 @@ class EpisodeStore:
         if not np.array_equal(np.sort(ids[succ == PENDING]), np.sort(open_heads)):
             raise ValueError("succ/head: -2 (pending) must mark exactly each open stream's newest step")
         self.succ[:size], self.stream[:size] = succ, stream
+        self.pred[:] = -1
+        self.pred[succ[linked] % cap] = ids[linked]
         self.head[:], self.head_open[:] = head, head_open
         if not cfg.shared or spec is None:
             return

@@ -1,0 +1,195 @@
+"""Hybrid minibatches (000 Appendix A): a fixed share of each batch from one sampler, the rest from others.
+
+With batch size B and shares f_c, component c draws k_c transitions (k_c = f_c B rounded by largest
+remainder, so the k_c sum to B). A batch position picked at random then holds a draw from the mixture
+
+    P(i) = sum_c (k_c / B) P_c(i),
+
+and that is the probability ``batch.probabilities`` reports and the IS weights use: w_i = (N P(i))^-beta,
+divided by the largest weight in the batch. Every component keeps its own priorities and generator; an
+update is written to all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from perx._validation import _short, check_choice, check_real
+from perx.samplers.base import Sampler, check_update, raise_bad_update, restore_rng
+from perx.weights import importance_weights
+
+
+class Hybrid(Sampler):
+    """A mixture of samplers: share ``fractions[c]`` of every batch comes from ``components[c]``.
+
+    Args:
+        components: two or more unbound samplers (``perx.Proportional``, ``perx.RankBased``,
+            ``perx.Uniform``, ``perx.LAP``, ...). ``perx.Greedy`` is refused: its draws are deterministic,
+            so a mixture with it has no per-draw probability for IS weights.
+        fractions: the share of each batch from each component, > 0, summing to 1.
+        normalize: only ``"batch"``: weights are divided by the batch's largest weight (the smallest
+            probability over the whole buffer of a mixture has no cheap closed form).
+        seed: seeds the hybrid's generator and, through ``np.random.SeedSequence``, each component's.
+
+    Example: ``perx.Hybrid([perx.Proportional(0.6), perx.Uniform()], [0.75, 0.25])`` draws 24 of a
+    batch of 32 by priority and 8 uniformly (000 App. A: "some fraction of the elements of each
+    minibatch sampled according to one priority measure and the rest according to another").
+
+    Cost: the sum of the components' costs, plus one ``probabilities`` call per component for the
+    mixture's P(i).
+    """
+
+    name = "Hybrid"
+
+    def __init__(self, components: list, fractions: list, *, normalize: str = "batch",
+                 seed: int | None = None) -> None:
+        super().__init__(seed=seed)
+        if not isinstance(components, (list, tuple)) or len(components) < 2:
+            raise ValueError(f"components: expected a list of two or more samplers, got {_short(components)}")
+        built = []
+        for c, comp in enumerate(components):
+            if isinstance(comp, dict):  # from a saved configuration: {"name": ..., "config": {...}}
+                cls = Sampler.registry.get(comp.get("name"))
+                if cls is None or not isinstance(comp.get("config"), dict):
+                    raise ValueError(f"components[{c}]: unknown sampler description {_short(comp)}")
+                comp = cls(**comp["config"])
+            if not isinstance(comp, Sampler):
+                raise TypeError(f"components[{c}]: expected a perx sampler, got {_short(comp)}")
+            if comp.capacity is not None:
+                raise ValueError(f"components[{c}]: {comp!r} is already bound to a buffer; pass a new sampler")
+            if comp.name in ("Greedy", "Hybrid"):
+                raise ValueError(f"components[{c}]: {comp.name} cannot be mixed (Greedy has no per-draw "
+                                 f"probability; nest the shares of a Hybrid into one Hybrid instead)")
+            built.append(comp)
+        if len({id(c) for c in built}) != len(built):
+            raise ValueError("components: the same sampler object appears twice; each needs its own")
+        if not isinstance(fractions, (list, tuple, np.ndarray)) or len(fractions) != len(built):
+            raise ValueError(f"fractions: expected {len(built)} shares, got {_short(fractions)}")
+        f = np.array([check_real(x, f"fractions[{c}]", low=0.0, high=1.0) for c, x in enumerate(fractions)])
+        if (f <= 0).any() or abs(f.sum() - 1.0) > 1e-9:
+            raise ValueError(f"fractions: each share must be > 0 and they must sum to 1, got {list(f)}")
+        self.components = built
+        self.fractions = f / f.sum()
+        self.normalize = check_choice(normalize, "normalize", ("batch",))
+        if seed is not None:
+            self.reseed(seed)
+
+    def config(self) -> dict[str, Any]:
+        return {"components": [{"name": c.name, "config": c.config()} for c in self.components],
+                "fractions": [float(x) for x in self.fractions], "normalize": self.normalize}
+
+    def reseed(self, seed: int | None) -> None:
+        seq = np.random.SeedSequence(seed)
+        children = seq.spawn(len(self.components) + 1)
+        self._rng = np.random.default_rng(children[0])
+        for comp, child in zip(self.components, children[1:], strict=True):
+            comp._rng = np.random.default_rng(child)
+
+    def _allocate(self, capacity: int) -> None:
+        for comp in self.components:
+            comp._bind(capacity)
+
+    def counts(self, batch_size: int) -> np.ndarray:
+        """How many of a batch of ``batch_size`` each component draws (largest remainder; sums to B)."""
+        exact = self.fractions * batch_size
+        k = np.floor(exact).astype(np.int64)
+        short = batch_size - int(k.sum())
+        if short:
+            order = np.argsort(-(exact - k), kind="stable")  # ties: the earlier component
+            k[order[:short]] += 1
+        return k
+
+    # -- the hot path ------------------------------------------------------------------------------
+    def on_add(self, slots, ids):
+        for comp in self.components:
+            comp.on_add(slots, ids)
+
+    def sample(self, batch_size, beta, size, next_id):
+        k = self.counts(batch_size)
+        parts = [comp.sample(int(kc), beta, size, next_id)[:2]
+                 for comp, kc in zip(self.components, k, strict=True) if kc > 0]
+        slots = np.concatenate([p[0] for p in parts])
+        ids = np.concatenate([p[1] for p in parts])
+        probs = self._mixture(slots, size, k, batch_size)
+        weights = importance_weights(probs, size, beta, normalize="batch")
+        return slots, ids, probs, weights
+
+    def _mixture(self, slots, size, k, batch_size):
+        probs = np.zeros(len(slots))
+        for comp, kc in zip(self.components, k, strict=True):
+            if kc > 0:
+                probs += (kc / batch_size) * comp.probabilities(slots, size, int(kc))
+        return probs
+
+    def update(self, ids, values, next_id, *, raw):
+        code = check_update(ids, values, next_id, self.capacity, raw)
+        if code < 0:
+            raise_bad_update(code, ids, values, next_id, raw)
+        # A component that would refuse the values (an overflowing mass) must do so before any applies.
+        for c, comp in enumerate(self.components):
+            limit = getattr(comp, "max_accepted_priority", None)
+            if limit is not None and len(values):
+                p = values if raw else comp.priority(values)
+                if not (p <= limit).all():
+                    pos = int(np.flatnonzero(~(p <= limit))[0])
+                    raise ValueError(f"{'priorities' if raw else 'td_errors'}: the value {values[pos]!r} at "
+                                     f"position {pos} gives priority {p[pos]!r}, above the largest priority "
+                                     f"{limit!r} that components[{c}] accepts")
+        count = code
+        for comp in self.components:
+            count = comp.update(ids, values, next_id, raw=raw)
+        return count
+
+    def probabilities(self, slots, size, batch_size=None):
+        """The mixture's per-draw P(i): shares k_c / B for ``batch_size`` B, or ``fractions`` when None."""
+        if batch_size is None:
+            probs = np.zeros(len(slots))
+            for comp, f in zip(self.components, self.fractions, strict=True):
+                probs += f * comp.probabilities(slots, size, None)
+            return probs
+        return self._mixture(slots, size, self.counts(batch_size), batch_size)
+
+    def priorities(self, slots: np.ndarray) -> np.ndarray:
+        """Stored priorities of the first component that keeps them (every component gets each update)."""
+        for comp in self.components:
+            if hasattr(comp, "priorities") or hasattr(comp, "keys"):
+                return stored_priorities(comp, slots)
+        raise ValueError("priorities: no component of this Hybrid keeps priorities (all are Uniform)")
+
+    # -- state ---------------------------------------------------------------------------------------
+    def state_dict(self):
+        meta, arrays = super().state_dict()
+        meta["components"] = []
+        for c, comp in enumerate(self.components):
+            m, a = comp.state_dict()
+            meta["components"].append(m)
+            arrays.update({f"c{c}.{name}": arr for name, arr in a.items()})
+        return meta, arrays
+
+    def load_state_dict(self, meta, arrays, *, size, next_id):
+        from perx.samplers.base import check_keys
+
+        expected_meta, expected_arrays = self.state_dict()
+        check_keys(meta, expected_meta, "sampler state")
+        check_keys(arrays, expected_arrays, "sampler arrays")
+        metas = meta["components"]
+        if not isinstance(metas, list) or len(metas) != len(self.components):
+            raise ValueError(f"components: expected {len(self.components)} saved states, got {_short(metas)}")
+        rng = restore_rng(meta["rng"])
+        for c, comp in enumerate(self.components):
+            prefix = f"c{c}."
+            comp.load_state_dict(metas[c], {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
+                                 size=size, next_id=next_id)
+        self._rng = rng
+
+
+def stored_priorities(sampler: Sampler, slots: np.ndarray) -> np.ndarray:
+    """Raw stored priorities of ``slots`` for any sampler that keeps them (+inf: not yet replayed by a
+    heap sampler, which keeps new transitions above every replayed one). ValueError for Uniform."""
+    if hasattr(sampler, "priorities"):
+        return np.asarray(sampler.priorities(slots), dtype=np.float64)
+    if hasattr(sampler, "keys"):
+        return np.asarray(sampler.keys(slots), dtype=np.float64)
+    raise ValueError(f"priorities: {type(sampler).__name__} keeps no priorities")

@@ -1,0 +1,115 @@
+"""Hybrid minibatches (000 App. A): shares of each batch from different samplers, exact mixture probabilities."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import perx
+from tests.conftest import assert_same, snapshot, transitions
+
+
+def prioritized(sampler, size=40, seed=0):
+    buf = perx.ReplayBuffer(size, sampler, seed=seed)
+    buf.extend(**transitions(size))
+    td = np.random.default_rng(7).standard_normal(size) * np.linspace(0.05, 5, size)
+    buf.update_priorities(np.arange(size), td)
+    return buf
+
+
+def test_shares_are_split_by_largest_remainder():
+    h = perx.Hybrid([perx.Proportional(), perx.Uniform(), perx.RankBased()], [0.5, 0.3, 0.2])
+    assert h.counts(10).tolist() == [5, 3, 2]
+    assert h.counts(7).tolist() == [4, 2, 1]  # 3.5, 2.1, 1.4: the largest remainder (0.5) gets the extra draw
+    assert h.counts(1).tolist() == [1, 0, 0]
+    assert all(h.counts(b).sum() == b for b in range(1, 200))
+
+
+def test_batch_probabilities_are_the_exact_mixture():
+    buf = prioritized(perx.Hybrid([perx.Proportional(alpha=0.7), perx.Uniform()], [0.75, 0.25]))
+    prop = buf.sampler.components[0]
+    batch = buf.sample(32, beta=0.5)
+    slots = batch.indices % buf.capacity
+    expected = 24 / 32 * prop.probabilities(slots, 40) + 8 / 32 * (1 / 40)
+    np.testing.assert_allclose(batch.probabilities, expected, rtol=1e-13)
+    # closed form of the weights: (N P(i))^-beta over the batch's largest
+    w = (40 * expected) ** -0.5
+    np.testing.assert_allclose(batch.weights, w / w.max(), rtol=1e-12)
+    # the first 24 come from the proportional component, the last 8 from the uniform one
+    np.testing.assert_allclose(buf.probabilities(batch.indices, batch_size=32), expected, rtol=1e-13)
+
+
+def test_draw_frequencies_match_the_mixture_chi_square():
+    # Each batch position is a draw from sum_c (k_c / B) P_c(i); over many batches the counts of every
+    # transition must match B * P(i) per batch. Fixed seed; fails below p = 1e-3 (a correct sampler fails
+    # this one seed's test with probability 1e-3).
+    buf = prioritized(perx.Hybrid([perx.Proportional(alpha=0.6), perx.Uniform()], [0.6, 0.4]), seed=3)
+    batch_size, batches = 10, 6000
+    counts = np.zeros(40)
+    for _ in range(batches):
+        np.add.at(counts, buf.sample(batch_size).indices % 40, 1)
+    expected = buf.probabilities(batch_size=batch_size) * batch_size * batches
+    np.testing.assert_allclose(expected.sum(), batch_size * batches)
+    stat = ((counts - expected) ** 2 / expected).sum()
+    assert stats.chi2.sf(stat, df=39) > 1e-3
+
+
+def test_rank_component_uses_its_own_batch_share_for_segments():
+    buf = prioritized(perx.Hybrid([perx.RankBased(alpha=0.7), perx.Uniform()], [0.5, 0.5]))
+    rank = buf.sampler.components[0]
+    batch = buf.sample(16)
+    slots = batch.indices % 40
+    expected = 0.5 * rank.probabilities(slots, 40, 8) + 0.5 / 40
+    np.testing.assert_allclose(batch.probabilities, expected, rtol=1e-13)
+
+
+def test_every_component_gets_each_update():
+    buf = prioritized(perx.Hybrid([perx.Proportional(alpha=1.0, eps=0.0), perx.LAP(alpha=1.0, kappa=1.0)],
+                                  [0.5, 0.5]))
+    buf.update_priorities([3], [0.25])
+    prop, lap = buf.sampler.components
+    assert prop.priorities(np.array([3]))[0] == 0.25
+    assert lap.priorities(np.array([3]))[0] == 1.0  # LAP's floor max(|delta|, kappa)
+    assert buf.priorities([3])[0] == 0.25  # the first component that keeps priorities
+
+
+def test_refused_update_changes_no_component():
+    # the first component accepts 1e300 (alpha 1), the second cannot (mass 1e1500): neither may change
+    buf = prioritized(perx.Hybrid([perx.Proportional(alpha=1.0), perx.Proportional(alpha=5.0)], [0.5, 0.5]))
+    before = snapshot(buf)
+    with pytest.raises(ValueError, match="components\\[1\\]"):
+        buf.update_priorities([1, 2], [1.0, 1e300])
+    assert_same(before, snapshot(buf))
+
+
+def test_save_load_continues_identically(tmp_path):
+    buf = prioritized(perx.Hybrid([perx.RankBased(alpha=0.7), perx.Proportional(alpha=0.6)], [0.3, 0.7]))
+    buf.sample(32)
+    buf.save(tmp_path / "h.perx")
+    twin = perx.ReplayBuffer.load(tmp_path / "h.perx")
+    assert repr(twin.sampler) == repr(buf.sampler)
+    for _ in range(5):
+        a, b = buf.sample(32, beta=0.4), twin.sample(32, beta=0.4)
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_array_equal(a.weights, b.weights)
+        td = np.random.default_rng(len(a)).standard_normal(32)
+        buf.update_priorities(a.indices, td)
+        twin.update_priorities(b.indices, td)
+
+
+@pytest.mark.parametrize(("components", "fractions", "match"), [
+    ([perx.Uniform()], [1.0], "two or more"),
+    ([perx.Uniform(), perx.Greedy()], [0.5, 0.5], "Greedy"),
+    ([perx.Uniform(), perx.Uniform()], [0.7, 0.7], "sum to 1"),
+    ([perx.Uniform(), perx.Uniform()], [1.0, 0.0], "> 0"),
+    ([perx.Uniform(), perx.Uniform()], [1.0], "2 shares"),
+    ([perx.Uniform(), "uniform"], [0.5, 0.5], "components\\[1\\]"),
+])
+def test_bad_configuration_is_refused(components, fractions, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        perx.Hybrid(components, fractions)
+
+
+def test_a_component_cannot_be_shared():
+    u = perx.Uniform()
+    with pytest.raises(ValueError, match="twice"):
+        perx.Hybrid([u, u], [0.5, 0.5])
