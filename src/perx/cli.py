@@ -15,6 +15,7 @@ commands:
   bench    time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)
   bench-agents  replay's cost inside the Double DQN loop per variant, and lockstep throughput
   bench-td3  TD3's run time with perx, cpprb and Tianshou buffers swapped in (004 Table 3)
+  supervised  prioritized supervised learning on class-imbalanced digits (PER Sec. 6, Figure 5)
   rank-tv  total-variation distance of heap-mode rank-based sampling from the power law
   theory   check the loss/sampling equivalence (Fujimoto et al. 2020) exactly; plot the losses
 
@@ -49,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         run = {"dqn": study.dqn_main, "td3": study.td3_main, "study": study.study_main,
                "plot": study.plot_main}[command]
         return run(rest, prog=f"perx {command}")
+    if command == "supervised":
+        from perx.experiments.supervised import main as supervised_main
+
+        return supervised_main(rest, prog="perx supervised")
     if command == "rank-tv":
         from perx.experiments.rank_tv import main as rank_tv_main
 

@@ -1,0 +1,67 @@
+"""Prioritized supervised learning (000 Sec. 6, App. B.3): the imbalanced split and a tiny pipeline run."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("sklearn")
+pytest.importorskip("torch")
+
+from perx.experiments import supervised  # noqa: E402
+
+
+def test_imbalanced_split_keeps_one_percent_of_digits_0_to_4_and_balanced_test_sets():
+    cfg = supervised.Config()
+    data = supervised.load_split(cfg)
+    train = np.bincount(data["y_train"], minlength=10)
+    test = np.bincount(data["y_test"], minlength=10)
+    val = np.bincount(data["y_val"], minlength=10)
+    from sklearn.datasets import load_digits
+
+    total = np.bincount(load_digits().target, minlength=10)
+    pool = total - np.round(0.25 * total) - np.round(0.15 * total)
+    np.testing.assert_array_equal(train[5:], pool[5:])  # every 5-9 of the pool
+    np.testing.assert_array_equal(train[:5], np.maximum(1, np.round(0.01 * pool[:5])))  # 1% of 0-4, at least 1
+    np.testing.assert_array_equal(test, np.round(0.25 * total))  # test keeps every class
+    np.testing.assert_array_equal(val, np.round(0.15 * total))
+    assert train[5:].min() / train[:5].max() >= 100  # 100 times more 5-9s, as B.3
+    # the three sets are disjoint images of the original data
+    seen = {x.tobytes() + bytes([y]) for name in ("train", "val", "test")
+            for x, y in zip(data[f"x_{name}"], data[f"y_{name}"], strict=True)}
+    assert len(seen) <= len(load_digits().target)
+
+
+def test_keep_changes_only_the_rare_classes():
+    a = np.bincount(supervised.load_split(supervised.Config(keep=0.5))["y_train"], minlength=10)
+    b = np.bincount(supervised.load_split(supervised.Config())["y_train"], minlength=10)
+    assert (a[:5] > b[:5]).all() and (a[5:] == b[5:]).all()
+
+
+@pytest.mark.parametrize("method", supervised.METHODS)
+def test_a_few_updates_lower_the_training_error(method):
+    cfg = supervised.Config(updates=200, eval_every=100, seeds=1)
+    rows = supervised.run_one(method, 0.1, 0, cfg)
+    assert [r["update"] for r in rows] == [0, 100, 200]
+    assert rows[-1]["train_errors"] < rows[0]["train_errors"]
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+
+
+def test_prioritized_runs_write_the_last_seen_losses_as_priorities(monkeypatch):
+    seen = []
+    original = supervised.perx.ReplayBuffer.update_priorities
+
+    def spy(self, indices, td_errors):
+        seen.append(np.asarray(td_errors).copy())
+        return original(self, indices, td_errors)
+
+    monkeypatch.setattr(supervised.perx.ReplayBuffer, "update_priorities", spy)
+    supervised.run_one("prioritized", 0.1, 0, supervised.Config(updates=5, eval_every=5))
+    assert len(seen) == 5 and all(len(s) == 60 and (s > 0).all() for s in seen)
+    supervised.run_one("uniform", 0.1, 0, supervised.Config(updates=5, eval_every=5))
+    assert len(seen) == 5  # uniform sampling writes no priorities
+
+
+def test_a_diverging_step_size_is_marked_and_not_selected():
+    cfg = supervised.Config(updates=50, eval_every=25, seeds=1, learning_rates=(1e6, 0.1), methods=("uniform",))
+    rows = supervised.run_one("uniform", 1e6, 0, cfg) + supervised.run_one("uniform", 0.1, 0, cfg)
+    assert any(r["lr"] == 1e6 and r["test_loss"] == np.inf for r in rows)
+    assert [c["lr"] for c in supervised.select(rows, cfg)] == [0.1]
