@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("sklearn")
 pytest.importorskip("torch")
 
-from perx.experiments import supervised  # noqa: E402
+from perx.experiments import supervised
 
 
 def test_imbalanced_split_keeps_one_percent_of_digits_0_to_4_and_balanced_test_sets():

@@ -343,8 +343,8 @@ def print_table(chosen: list[dict]) -> None:
     print("| method | step size | test errors | test balanced error | test loss | training errors |")
     print("|---|---|---|---|---|---|")
     for c in chosen:
-        print(f"| {c['method']} | {c['lr']:g} | {c['median_test_errors']:.0f} | {c['median_test_balanced_error']:.3f} | "
-              f"{c['median_test_loss']:.3f} | {c['median_train_errors']:.0f} |")
+        print(f"| {c['method']} | {c['lr']:g} | {c['median_test_errors']:.0f} | "
+              f"{c['median_test_balanced_error']:.3f} | {c['median_test_loss']:.3f} | {c['median_train_errors']:.0f} |")
 
 
 if __name__ == "__main__":
