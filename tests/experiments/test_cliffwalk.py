@@ -124,3 +124,47 @@ def test_every_method_runs_on_the_representation_its_name_says():
     for method in cw.METHODS:
         assert cw.representation(method) == ("linear" if "-linear" in method else "tabular")
     assert cw.representation("proportional-linear-is") == "linear"
+
+
+@pytest.mark.parametrize("bias", ["shared", "per-action"])
+@pytest.mark.parametrize("linear", [False, True])
+def test_compiled_oracle_steps_agree_with_the_reference_search(linear, bias):
+    """The compiled loop's choice at each step equals the numpy search over every candidate (sequence)."""
+    env = BlindCliffwalk(5, seed=3)
+    memory = env.replay_memory()
+    for seed in range(4):
+        ref = cw.Learner(env, linear, np.random.default_rng(seed), bias)
+        fast = cw.Learner(env, linear, np.random.default_rng(seed), bias)
+        ref_oracle, fast_oracle = cw.Oracle(ref, memory), cw.Oracle(fast, memory)
+        for _ in range(30):
+            mse = ref.mse()
+            loss, path = ref_oracle.best_sequence(1)
+            if loss >= mse:
+                loss, path = ref_oracle.best_sequence(2)
+            if loss >= mse or mse < cw.CONVERGED_MSE:
+                break
+            for c in path:
+                ref_oracle.apply(c)
+            updates, _, stalled = fast_oracle.run(2, cap=len(path))  # exactly the same number of updates
+            assert updates == len(path) and not stalled
+            np.testing.assert_allclose(fast.theta, ref.theta, rtol=1e-12, atol=1e-15)
+
+
+def test_compiled_learner_equals_the_python_updates():
+    env = BlindCliffwalk(6, seed=1)
+    memory = env.replay_memory()
+    for linear in (False, True):
+        a = cw.Learner(env, linear, np.random.default_rng(2), "per-action")
+        b = cw.Learner(env, linear, np.random.default_rng(2), "per-action")
+        w = np.random.default_rng(0).random(len(memory["obs"]))
+        deltas = np.empty(len(w))
+        done, mse = a.learn(memory["obs"], memory["action"], memory["reward"], memory["next_obs"],
+                            memory["terminated"], w, deltas)
+        for i in range(done):
+            s, act = int(memory["obs"][i]), int(memory["action"][i])
+            d = b.td_error(s, act, float(memory["reward"][i]), int(memory["next_obs"][i]),
+                           bool(memory["terminated"][i]))
+            assert d == pytest.approx(deltas[i], rel=1e-12, abs=1e-15)
+            b.update(s, act, d, float(w[i]))
+        np.testing.assert_allclose(a.theta, b.theta, rtol=1e-12)
+        assert mse == pytest.approx(b.mse(), rel=1e-12)

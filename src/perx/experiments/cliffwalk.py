@@ -2,8 +2,10 @@
 
 Setup (000 App. B.1): the replay memory holds every transition of all 2^n action sequences, executed
 until termination in random order (2^(n+1) - 2 transitions, one of them rewarded). Q-learning with
-Q(s, a) = theta^T phi(s, a) -- tabular (one-hot over (s, a)) or linear (the same one-hot plus a constant
-bias feature 1) -- theta_i ~ N(0, 0.1) (read as standard deviation 0.1), gamma = 1 - 1/n, step size
+Q(s, a) = theta^T phi(s, a) -- tabular (one-hot over (s, a)) or linear (by default a block [one-hot(s), 1]
+per action, so no weight is shared across actions: B.1's "to make generalization across actions impossible";
+``bias="shared"`` reads it as one bias feature for both actions) -- theta_i ~ N(0, 0.1) (read as standard
+deviation 0.1), gamma = 1 - 1/n, step size
 eta = 1/4, one transition per update:
 
     delta = R + gamma_t max_a Q(S', a) - Q(S, A)        (eq. 2; gamma_t = 0 at termination)
@@ -28,8 +30,10 @@ Strategies (every sampled one goes through a perx sampler; priorities are set to
                        current loss (each update counted); the loss still falls at every step taken, so the
                        variant cannot cycle. If no such sequence exists it stalls too.
 
-Runs are capped at ``cap_factor`` x memory size updates; a capped run is reported as such, never silently
-truncated. Results go to ``runs.csv`` (one row per method, n, seed, appended as each run finishes; ``--resume``
+Runs are capped at ``cap_factor`` x memory size updates (the oracles at ``oracle_cap_factor`` x); a capped
+run is reported as such, never silently truncated. The learners and the oracle's candidate search are
+compiled (numba); every draw still goes through a perx sampler (uniform draws in chunks of 4096: they do not
+depend on what was learned). Defaults: n = 2..16, the -is variants to n = 11. Results go to ``runs.csv`` (one row per method, n, seed, appended as each run finishes; ``--resume``
 continues an interrupted study from it), ``summary.csv``, ``meta.json`` and ``cliffwalk.png``.
 """
 
@@ -46,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 import perx
 from perx.envs import BlindCliffwalk
@@ -54,6 +59,8 @@ CONVERGED_MSE = 1e-3
 ETA = 0.25
 INIT_STD = 0.1
 LOOKAHEAD_DEPTH = 2
+#: Uniform draws per sample call (see run_one).
+UNIFORM_CHUNK = 4096
 
 METHODS = (
     "uniform-tabular", "greedy-tabular", "oracle-tabular",
@@ -66,8 +73,11 @@ METHODS = (
 class Config:
     n_min: int = 2
     """Smallest chain."""
-    n_max: int = 11
-    """Largest chain (memory 2^(n+1) - 2)."""
+    n_max: int = 16
+    """Largest chain (memory 2^(n+1) - 2; 131,070 at n = 16, as in 000 Figures 1-2)."""
+    n_max_is: int = 11
+    """Largest chain for the IS variants (-is): full IS correction makes them need 30-50x the memory in
+    updates (docs/cliffwalk.md), about 100 s per run at n = 16."""
     seeds: int = 10
     """Independent runs per (method, n), as in the paper's figures."""
     methods: tuple[str, ...] = field(default=METHODS)
@@ -80,8 +90,116 @@ class Config:
     """Equal-probability segments of the rank-based sampler (one is picked per single-transition draw)."""
     cap_factor: int = 50
     """Cap on updates per run, in multiples of the memory size (uniform needs about 13-14x)."""
-    bias: str = "shared"
-    """Linear representation: one shared bias feature, or one per action ("per-action")."""
+    oracle_cap_factor: int = 2
+    """Cap on the oracles' updates, in multiples of the memory size (a converging oracle needs < 1x)."""
+    bias: str = "per-action"
+    """Linear representation: a block [one-hot(s), 1] per action ("per-action", App. B.1: "to make
+    generalization across actions impossible"), or one bias feature shared by both actions ("shared")."""
+
+
+@njit(cache=True)
+def _learn(theta, bias_of, qstar, linear, gamma, s, a, r, s2, term, w, deltas, threshold):
+    """Q-learning on the transitions (s, a, r, s2, term) in order, eq. (2)-(3) with IS weight w, until the
+    MSE to ``qstar`` falls below ``threshold``. Writes each TD error to ``deltas``; returns (updates applied,
+    MSE after the last). One update costs O(2n) for the MSE (2n = 32 values at n = 16)."""
+    m = qstar.shape[0]
+    mse = np.inf
+    for i in range(s.shape[0]):
+        k = 2 * s[i] + a[i]
+        q = theta[k] + (theta[bias_of[k]] if linear else 0.0)
+        target = r[i]
+        if not term[i]:
+            k0 = 2 * s2[i]
+            q0 = theta[k0] + (theta[bias_of[k0]] if linear else 0.0)
+            q1 = theta[k0 + 1] + (theta[bias_of[k0 + 1]] if linear else 0.0)
+            target += gamma * max(q0, q1)
+        delta = target - q
+        deltas[i] = delta
+        step = ETA * w[i] * delta  # eq. (3): theta += eta * w * delta * phi(s, a)
+        theta[k] += step
+        if linear:
+            theta[bias_of[k]] += step
+        acc = 0.0
+        for j in range(m):
+            e = theta[j] + (theta[bias_of[j]] if linear else 0.0) - qstar[j]
+            acc += e * e
+        mse = acc / m
+        if mse < threshold:
+            return i + 1, mse
+    return s.shape[0], mse
+
+
+@njit(cache=True)
+def _qv(theta, bias_of, linear, j):
+    return theta[j] + (theta[bias_of[j]] if linear else 0.0)
+
+
+@njit(cache=True)
+def _mse(theta, bias_of, qstar, linear):
+    acc = 0.0
+    for j in range(qstar.shape[0]):
+        e = _qv(theta, bias_of, linear, j) - qstar[j]
+        acc += e * e
+    return acc / qstar.shape[0]
+
+
+@njit(cache=True)
+def _type_update(theta, bias_of, linear, gamma, t, r, s2, term):
+    """Apply the update of transition type t = 2s + a (reward r, next state s2) to theta in place."""
+    target = r
+    if not term:
+        target += gamma * max(_qv(theta, bias_of, linear, 2 * s2), _qv(theta, bias_of, linear, 2 * s2 + 1))
+    step = ETA * (target - _qv(theta, bias_of, linear, t))
+    theta[t] += step
+    if linear:
+        theta[bias_of[t]] += step
+
+
+@njit(cache=True)
+def _oracle_run(theta, bias_of, qstar, linear, gamma, types, r, s2, term, depth, cap, threshold):
+    """The hindsight oracle in one compiled loop: at each step apply the candidate type whose update lowers
+    the MSE to Q* most (strictly; the first in type order on ties); if none lowers it and depth = 2, the
+    best sequence of two updates, if that lowers it; else stop (stalled). Returns (updates, MSE, stalled).
+    A step costs O(c m) with c = 2n candidates and m = 2n Q-values; a two-update search O(c^2 m)."""
+    c = types.shape[0]
+    one = np.empty_like(theta)
+    two = np.empty_like(theta)
+    mse = _mse(theta, bias_of, qstar, linear)
+    updates = 0
+    while mse >= threshold and updates < cap:
+        best, pick = np.inf, -1
+        for k in range(c):
+            one[:] = theta
+            _type_update(one, bias_of, linear, gamma, types[k], r[k], s2[k], term[k])
+            loss = _mse(one, bias_of, qstar, linear)
+            if loss < best:
+                best, pick = loss, k
+        if best < mse:
+            _type_update(theta, bias_of, linear, gamma, types[pick], r[pick], s2[pick], term[pick])
+            updates += 1
+            mse = _mse(theta, bias_of, qstar, linear)
+            continue
+        if depth < 2:
+            return updates, mse, True
+        best2, first, second = np.inf, -1, -1
+        for k in range(c):
+            one[:] = theta
+            _type_update(one, bias_of, linear, gamma, types[k], r[k], s2[k], term[k])
+            for k2 in range(c):
+                two[:] = one
+                _type_update(two, bias_of, linear, gamma, types[k2], r[k2], s2[k2], term[k2])
+                loss = _mse(two, bias_of, qstar, linear)
+                if loss < best2:
+                    best2, first, second = loss, k, k2
+        if not best2 < mse:
+            return updates, mse, True
+        _type_update(theta, bias_of, linear, gamma, types[first], r[first], s2[first], term[first])
+        updates += 1
+        if updates < cap:
+            _type_update(theta, bias_of, linear, gamma, types[second], r[second], s2[second], term[second])
+            updates += 1
+        mse = _mse(theta, bias_of, qstar, linear)
+    return updates, mse, False
 
 
 class Learner:
@@ -124,6 +242,12 @@ class Learner:
             target += self.gamma * max(q0, q1)
         k = 2 * s + a
         return float(target - (th[k] + (th[self.bias_of[k]] if self.linear else 0.0)))
+
+    def learn(self, s, a, r, s2, terminated, weights, deltas) -> tuple[int, float]:
+        """Compiled updates on a sequence of transitions (int64 / float64 / bool arrays of one length)
+        until convergence: (updates applied, MSE after them); ``deltas`` receives their TD errors."""
+        return _learn(self.theta, self.bias_of, self.qstar, self.linear, self.gamma, s, a, r, s2, terminated,
+                      weights, deltas, CONVERGED_MSE)
 
     def update(self, s: int, a: int, delta: float, weight: float = 1.0) -> None:
         step = ETA * weight * delta  # eq. (3): theta += eta * w * delta * phi(s, a)
@@ -180,6 +304,13 @@ class Oracle:
             paths = [[*path, c] for path in paths for c in range(loss.shape[1])]
         return best
 
+    def run(self, depth: int, cap: int) -> tuple[int, float, bool]:
+        """The compiled oracle loop (:func:`_oracle_run`) until convergence, a stall or ``cap`` updates:
+        (updates, final MSE, stalled). depth 1 or 2."""
+        L = self.L
+        return _oracle_run(L.theta, L.bias_of, L.qstar, L.linear, L.gamma, self.types, self.r, self.s2,
+                           self.term, depth, cap, CONVERGED_MSE)
+
     def apply(self, c: int) -> None:
         """Update on candidate type index c with its current TD error."""
         delta = float(self._deltas(self.L.q())[c])
@@ -224,33 +355,28 @@ def run_one(method: str, n: int, seed: int, cfg: Config) -> dict:
     if method.startswith("oracle"):
         oracle = Oracle(learner, memory)
         depth = LOOKAHEAD_DEPTH if "lookahead" in method else 1
-        while mse >= CONVERGED_MSE and updates < cap:
-            loss, path = oracle.best_sequence(1)
-            if loss >= mse and depth > 1:
-                # every single update raises the loss: look for a short sequence that lowers it
-                loss, path = oracle.best_sequence(depth)
-            if loss >= mse:
-                stalled = True  # no candidate (sequence) lowers the global loss
-                break
-            for c in path[: cap - updates]:
-                oracle.apply(c)
-                updates += 1
-            mse = learner.mse()
+        cap = max(1000, cfg.oracle_cap_factor * size)
+        updates, mse, stalled = oracle.run(depth, cap)
     else:
         method_seed = int(np.random.default_rng(streams[2]).integers(2**63)) + METHODS.index(method)
         buf = perx.ReplayBuffer(size, _sampler(method, cfg), seed=method_seed)
         buf.extend(**memory)
         use_is = method.endswith("-is")
         beta = 1.0 if use_is else 0.0
+        # Uniform draws do not depend on what was learned, so they are drawn in chunks (the same i.i.d.
+        # distribution, far fewer calls) and learned from until convergence; prioritized draws depend on
+        # the last update's priority, so those are drawn one at a time.
+        chunk = UNIFORM_CHUNK if method.startswith("uniform") else 1
+        ones = np.ones(chunk)
+        deltas = np.empty(chunk)
         while mse >= CONVERGED_MSE and updates < cap:
-            batch = buf.sample(1, beta=beta)
-            s, a = int(batch["obs"][0]), int(batch["action"][0])
-            delta = learner.td_error(s, a, float(batch["reward"][0]), int(batch["next_obs"][0]),
-                                     bool(batch["terminated"][0]))
-            learner.update(s, a, delta, float(batch.weights[0]) if use_is else 1.0)
-            buf.update_priorities(batch.indices, np.array([delta]))
-            updates += 1
-            mse = learner.mse()
+            batch = buf.sample(min(chunk, cap - updates), beta=beta)
+            w = batch.weights if use_is else ones
+            done, mse = learner.learn(batch["obs"], batch["action"], batch["reward"], batch["next_obs"],
+                                      batch["terminated"], w, deltas)
+            if chunk == 1:
+                buf.update_priorities(batch.indices, deltas)
+            updates += done
     converged = mse < CONVERGED_MSE
     return {"method": method, "n": n, "memory_size": size, "seed": seed, "updates": updates,
             "converged": converged, "stalled": stalled, "hit_cap": (not converged and not stalled),
@@ -363,12 +489,15 @@ def main(argv: list[str] | None = None, prog: str = "perx cliffwalk") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--n-min", type=int, default=d.n_min)
     parser.add_argument("--n-max", type=int, default=d.n_max, help="largest chain; memory 2^(n+1) - 2")
+    parser.add_argument("--n-max-is", type=int, default=d.n_max_is, help="largest chain for the -is methods")
     parser.add_argument("--seeds", type=int, default=d.seeds)
     parser.add_argument("--methods", nargs="+", default=list(d.methods), choices=METHODS)
     parser.add_argument("--alpha-rank", type=float, default=d.alpha_rank)
     parser.add_argument("--alpha-prop", type=float, default=d.alpha_prop)
     parser.add_argument("--rank-segments", type=int, default=d.rank_segments)
     parser.add_argument("--cap-factor", type=int, default=d.cap_factor, help="cap = this x memory size updates")
+    parser.add_argument("--oracle-cap-factor", type=int, default=d.oracle_cap_factor,
+                        help="the oracles' cap, x memory size")
     parser.add_argument("--bias", choices=("shared", "per-action"), default=d.bias,
                         help="bias feature of the linear representation")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes")
@@ -377,9 +506,10 @@ def main(argv: list[str] | None = None, prog: str = "perx cliffwalk") -> int:
                         help="keep the runs already in OUT/runs.csv and run only the missing ones")
     parser.add_argument("--plot-only", action="store_true", help="redraw summary.csv and the PNG from runs.csv")
     args = parser.parse_args(argv)
-    cfg = Config(n_min=args.n_min, n_max=args.n_max, seeds=args.seeds, methods=tuple(args.methods),
-                 alpha_rank=args.alpha_rank, alpha_prop=args.alpha_prop, rank_segments=args.rank_segments,
-                 cap_factor=args.cap_factor, bias=args.bias)
+    cfg = Config(n_min=args.n_min, n_max=args.n_max, n_max_is=args.n_max_is, seeds=args.seeds,
+                 methods=tuple(args.methods), alpha_rank=args.alpha_rank, alpha_prop=args.alpha_prop,
+                 rank_segments=args.rank_segments, cap_factor=args.cap_factor,
+                 oracle_cap_factor=args.oracle_cap_factor, bias=args.bias)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.csv"
@@ -394,7 +524,7 @@ def main(argv: list[str] | None = None, prog: str = "perx cliffwalk") -> int:
         return 0
     meta_path = out / "meta.json"
     learning = {k: v for k, v in asdict(cfg).items()
-                if k in ("alpha_rank", "alpha_prop", "rank_segments", "cap_factor", "bias")}
+                if k in ("alpha_rank", "alpha_prop", "rank_segments", "cap_factor", "oracle_cap_factor", "bias")}
     if not args.resume and runs_path.exists():
         runs_path.unlink()  # a plain run starts over; --resume continues an interrupted study
     rows = read_runs(runs_path)
@@ -409,7 +539,8 @@ def main(argv: list[str] | None = None, prog: str = "perx cliffwalk") -> int:
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     done = {(r["method"], r["n"], r["seed"]) for r in rows}
     jobs = [(m, n, s, cfg) for n in range(cfg.n_min, cfg.n_max + 1) for m in cfg.methods for s in range(cfg.seeds)
-            if (m, n, s) not in done]
+            if (m, n, s) not in done and (n <= cfg.n_max_is or not m.endswith("-is"))]
+    jobs.sort(key=lambda job: -job[1])  # the largest chains first, so two workers finish together
     if done:
         print(f"resuming: {len(done)} runs already in {runs_path}, {len(jobs)} to go")
     else:
