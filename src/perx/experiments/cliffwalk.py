@@ -33,8 +33,9 @@ Strategies (every sampled one goes through a perx sampler; priorities are set to
 Runs are capped at ``cap_factor`` x memory size updates (the oracles at ``oracle_cap_factor`` x); a capped
 run is reported as such, never silently truncated. The learners and the oracle's candidate search are
 compiled (numba); every draw still goes through a perx sampler (uniform draws in chunks of 4096: they do not
-depend on what was learned). Defaults: n = 2..16, the -is variants to n = 11. Results go to ``runs.csv`` (one row per method, n, seed, appended as each run finishes; ``--resume``
-continues an interrupted study from it), ``summary.csv``, ``meta.json`` and ``cliffwalk.png``.
+depend on what was learned). Defaults: n = 2..16, the -is variants to n = 11. Results go to ``runs.csv`` (one
+row per method, n, seed, appended as each run finishes; ``--resume`` continues an interrupted study from it),
+``summary.csv``, ``meta.json`` and ``cliffwalk.png``.
 """
 
 from __future__ import annotations
