@@ -21,6 +21,8 @@ SAMPLERS = {
     "lap-small-kappa": lambda: perx.LAP(alpha=0.6, kappa=0.01),
     "hybrid": lambda: perx.Hybrid([perx.Proportional(alpha=0.6), perx.Uniform()], [0.75, 0.25]),
     "hybrid-rank-lap": lambda: perx.Hybrid([perx.RankBased(alpha=0.7), perx.LAP(alpha=0.4)], [0.5, 0.5]),
+    "hybrid-random": lambda: perx.Hybrid([perx.RankBased(alpha=0.7, segments=8), perx.Uniform()], [0.4, 0.6],
+                                         mixing="random"),
 }
 
 #: Samplers whose draw is deterministic (no probability distribution over the buffer).

@@ -152,10 +152,12 @@ def check_batch(buf, model, batch, size, beta):
     elif model.kind == "Greedy":
         np.testing.assert_array_equal(batch.indices, model.order()[:size])
     elif model.kind == "Hybrid":  # the mixture of the components' P(i) with shares k_c / B, batch-normalised weights
-        k = s.counts(size)
         p = np.zeros(size)
-        for comp, part, kc in zip(s.components, model.parts, k, strict=True):
-            if kc:
+        if s.mixing == "random":  # each draw picks component c with probability f_c
+            for comp, part, f in zip(s.components, model.parts, s.fractions, strict=True):
+                p += f * component_probabilities(buf, part, comp, batch.indices, None)
+        for comp, part, kc in zip(s.components, model.parts, s.counts(size), strict=True):
+            if kc and s.mixing == "shares":
                 p += kc / size * component_probabilities(buf, part, comp, batch.indices, int(kc))
         np.testing.assert_allclose(batch.probabilities, p, rtol=1e-12)
         np.testing.assert_allclose(batch.weights, (p / p.min()) ** -beta, rtol=1e-12)
@@ -210,7 +212,8 @@ def drive(name, seed, steps, tmp_path):
                 size = min(size, len(model.rows))
             beta = float(rng.choice([0.0, 0.4, 1.0]))
             parts = getattr(model, "parts", [model])
-            drawn = buf.sampler.counts(size) if model.kind == "Hybrid" else [1]  # components that draw
+            drawn = ([1] * len(parts) if buf.sampler.mixing == "random" else buf.sampler.counts(size)) \
+                if model.kind == "Hybrid" else [1]  # components that may draw
             if any(k and m.kind == "Proportional" and not any(m.masses().values())
                    for m, k in zip(parts, drawn, strict=True)):
                 with pytest.raises(ValueError, match="priority 0"):  # set_priorities put every one at 0

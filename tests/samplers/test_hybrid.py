@@ -113,3 +113,27 @@ def test_a_component_cannot_be_shared():
     u = perx.Uniform()
     with pytest.raises(ValueError, match="twice"):
         perx.Hybrid([u, u], [0.5, 0.5])
+
+
+def test_random_mixing_draws_each_component_with_its_share_even_one_at_a_time():
+    # B = 1 with shares would always use the first component; random mixing gives each draw the mixture.
+    # Chi-square at a fixed seed against P(i) = 0.3 P_prop(i) + 0.7 / N; fails below p = 1e-3.
+    buf = prioritized(perx.Hybrid([perx.Proportional(alpha=1.0), perx.Uniform()], [0.3, 0.7], mixing="random"),
+                      seed=11)
+    prop = buf.sampler.components[0]
+    expected_p = 0.3 * prop.probabilities(np.arange(40), 40) + 0.7 / 40
+    np.testing.assert_allclose(buf.probabilities(), expected_p, rtol=1e-13)
+    counts = np.zeros(40)
+    draws = 40_000
+    for _ in range(draws):
+        b = buf.sample(1)
+        counts[b.indices[0] % 40] += 1
+    np.testing.assert_allclose(b.probabilities, expected_p[b.indices % 40], rtol=1e-13)
+    stat = ((counts - draws * expected_p) ** 2 / (draws * expected_p)).sum()
+    assert stats.chi2.sf(stat, df=39) > 1e-3
+
+
+def test_random_mixing_needs_fixed_rank_segments():
+    with pytest.raises(ValueError, match="segments"):
+        perx.Hybrid([perx.RankBased(), perx.Uniform()], [0.5, 0.5], mixing="random")
+    perx.Hybrid([perx.RankBased(segments=16), perx.Uniform()], [0.5, 0.5], mixing="random")

@@ -29,6 +29,11 @@ class Hybrid(Sampler):
             ``perx.Uniform``, ``perx.LAP``, ...). ``perx.Greedy`` is refused: its draws are deterministic,
             so a mixture with it has no per-draw probability for IS weights.
         fractions: the share of each batch from each component, > 0, summing to 1.
+        mixing: ``"shares"`` (default): component c draws k_c = f_c B of every batch, rounded by largest
+            remainder, and P(i) = sum_c (k_c / B) P_c(i). ``"random"``: each draw picks its component at
+            random with probability f_c (counts multinomial), P(i) = sum_c f_c P_c(i) exactly; the choice
+            for small batches, where rounding would starve a component (B = 1 would always use the first).
+            A RankBased component then needs fixed ``segments``.
         normalize: only ``"batch"``: weights are divided by the batch's largest weight (the smallest
             probability over the whole buffer of a mixture has no cheap closed form).
         seed: seeds the hybrid's generator and, through ``np.random.SeedSequence``, each component's.
@@ -43,7 +48,7 @@ class Hybrid(Sampler):
 
     name = "Hybrid"
 
-    def __init__(self, components: list, fractions: list, *, normalize: str = "batch",
+    def __init__(self, components: list, fractions: list, *, mixing: str = "shares", normalize: str = "batch",
                  seed: int | None = None) -> None:
         super().__init__(seed=seed)
         if not isinstance(components, (list, tuple)) or len(components) < 2:
@@ -70,6 +75,12 @@ class Hybrid(Sampler):
         f = np.array([check_real(x, f"fractions[{c}]", low=0.0, high=1.0) for c, x in enumerate(fractions)])
         if (f <= 0).any() or abs(f.sum() - 1.0) > 1e-9:
             raise ValueError(f"fractions: each share must be > 0 and they must sum to 1, got {list(f)}")
+        self.mixing = check_choice(mixing, "mixing", ("shares", "random"))
+        if self.mixing == "random":
+            for c, comp in enumerate(built):
+                if comp.name == "RankBased" and comp.n_segments is None:
+                    raise ValueError(f"components[{c}]: with mixing='random' a RankBased component needs a fixed "
+                                     f"`segments`, so that its P(i) does not depend on how many draws it gets")
         self.components = built
         self.fractions = f / f.sum()
         self.normalize = check_choice(normalize, "normalize", ("batch",))
@@ -78,7 +89,7 @@ class Hybrid(Sampler):
 
     def config(self) -> dict[str, Any]:
         return {"components": [{"name": c.name, "config": c.config()} for c in self.components],
-                "fractions": [float(x) for x in self.fractions], "normalize": self.normalize}
+                "fractions": [float(x) for x in self.fractions], "mixing": self.mixing, "normalize": self.normalize}
 
     def reseed(self, seed: int | None) -> None:
         seq = np.random.SeedSequence(seed)
@@ -107,12 +118,15 @@ class Hybrid(Sampler):
             comp.on_add(slots, ids)
 
     def sample(self, batch_size, beta, size, next_id):
-        k = self.counts(batch_size)
+        k = self.counts(batch_size) if self.mixing == "shares" else self._rng.multinomial(batch_size, self.fractions)
         parts = [comp.sample(int(kc), beta, size, next_id)[:2]
                  for comp, kc in zip(self.components, k, strict=True) if kc > 0]
         slots = np.concatenate([p[0] for p in parts])
         ids = np.concatenate([p[1] for p in parts])
-        probs = self._mixture(slots, size, k, batch_size)
+        if self.mixing == "shares":
+            probs = self._mixture(slots, size, k, batch_size)
+        else:  # each draw picks component c with probability f_c: P(i) = sum_c f_c P_c(i)
+            probs = self.probabilities(slots, size, None)
         weights = importance_weights(probs, size, beta, normalize="batch")
         return slots, ids, probs, weights
 
@@ -143,8 +157,9 @@ class Hybrid(Sampler):
         return count
 
     def probabilities(self, slots, size, batch_size=None):
-        """The mixture's per-draw P(i): shares k_c / B for ``batch_size`` B, or ``fractions`` when None."""
-        if batch_size is None:
+        """The mixture's per-draw P(i): shares k_c / B for ``batch_size`` B, or ``fractions`` when None (and
+        always with ``mixing="random"``)."""
+        if batch_size is None or self.mixing == "random":
             probs = np.zeros(len(slots))
             for comp, f in zip(self.components, self.fractions, strict=True):
                 probs += f * comp.probabilities(slots, size, None)
