@@ -16,6 +16,7 @@ commands:
   bench-agents  replay's cost inside the Double DQN loop per variant, and lockstep throughput
   bench-td3  TD3's run time with perx, cpprb and Tianshou buffers swapped in (004 Table 3)
   supervised  prioritized supervised learning on class-imbalanced digits (PER Sec. 6, Figure 5)
+  variants  the priority variants of PER Appendix A on the linear Blind Cliffwalk
   rank-tv  total-variation distance of heap-mode rank-based sampling from the power law
   theory   check the loss/sampling equivalence (Fujimoto et al. 2020) exactly; plot the losses
 
@@ -54,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         from perx.experiments.supervised import main as supervised_main
 
         return supervised_main(rest, prog="perx supervised")
+    if command == "variants":
+        from perx.experiments.variants import main as variants_main
+
+        return variants_main(rest, prog="perx variants")
     if command == "rank-tv":
         from perx.experiments.rank_tv import main as rank_tv_main
 
