@@ -241,3 +241,46 @@ def test_works_with_a_hybrid_sampler():
     prio.update([0, 1, 2], [1.0, -1.0, 1.0])
     np.testing.assert_allclose(buf.priorities([0, 1, 2]), [2.0, 1.0, 2.0])
     np.testing.assert_allclose(buf.probabilities(), 0.5 * np.array([2, 1, 2]) / 5 + 0.5 / 3)
+
+
+def test_a_hybrid_applies_each_components_own_priority_function():
+    def make():
+        buf = perx.ReplayBuffer(4, perx.Hybrid([perx.LAP(alpha=0.4, kappa=1.0), perx.Uniform()], [0.5, 0.5]), seed=0)
+        return buf, buf.extend(x=np.zeros(4))
+
+    plain_buf, ids = make()
+    plain_buf.update_priorities(ids, [0.1, 0.2, 0.0, 3.0])
+    buf, _ = make()
+    perx.Prioritizer(buf).update(ids, [0.1, 0.2, 0.0, 3.0])
+    np.testing.assert_array_equal(buf.priorities(ids), plain_buf.priorities(ids))  # [1, 1, 1, 3]: LAP's floor
+
+
+def test_a_predecessor_boost_that_would_overflow_is_refused_before_anything_changes():
+    buf = perx.ReplayBuffer(4, perx.RankBased(), seed=0)
+    ids = buf.extend(x=np.zeros(4), terminated=np.zeros(4, bool), truncated=np.zeros(4, bool))
+    prio = perx.Prioritizer(buf, LearningProgress(), PredecessorBoost())
+    prio.update(ids[:1], [1e308])
+    before, state = snapshot(buf), prio.state_dict()
+    owner = state["rules"][0]["owner"].copy()
+    with pytest.raises(ValueError, match="td_errors"):
+        prio.update(ids[1:2], [1e308])  # its predecessor (id 0) would reach 2e308 = inf
+    assert_same(before, snapshot(buf))
+    np.testing.assert_array_equal(prio.state_dict()["rules"][0]["owner"], owner)
+    assert prio.clock == 1
+
+
+@pytest.mark.parametrize(("sampler", "rules", "match"), [
+    (lambda: perx.RankBased(), lambda: [Staleness(1.0), Asymmetric(2.0)], "last"),
+    (lambda: perx.RankBased(), lambda: [Staleness(1.0), LearningProgress()], "last"),
+    (lambda: perx.Proportional(), lambda: [PredecessorBoost(0.5), PredecessorBoost(0.5)], "at most one"),
+    (lambda: perx.Uniform(), lambda: [PredecessorBoost()], "Uniform"),
+    (lambda: perx.Hybrid([perx.Proportional(), perx.Uniform()], [0.5, 0.5]), lambda: [PredecessorBoost()], "Hybrid"),
+])
+def test_rule_combinations_that_cannot_work_are_refused(sampler, rules, match):
+    with pytest.raises(ValueError, match=match):
+        perx.Prioritizer(buffer(sampler()), *rules())
+
+
+def test_staleness_followed_only_by_the_predecessor_boost_is_allowed():
+    buf = buffer(perx.RankBased(), n=3)
+    perx.Prioritizer(buf, Asymmetric(2.0), Staleness(1.0), PredecessorBoost())

@@ -11,8 +11,9 @@ One update of ids with TD errors delta:
 
 1. e = |delta|, then each rule in order maps e (``LearningProgress``, ``Asymmetric``, ``ReturnBoost``,
    ``Staleness``); rules may read delta's sign and per-transition state;
-2. p = the sampler's own priority function of e (``max(e + eps, min_priority)`` for ``perx.Proportional`` and
-   ``perx.LAP``; e itself for the others), written with ``buf.set_priorities``;
+2. e is written with ``buf.update_priorities``, so the sampler applies its own priority function
+   (``max(e + eps, min_priority)`` for ``perx.Proportional`` and ``perx.LAP``, e itself for the heap samplers,
+   each component's own for a ``perx.Hybrid``);
 3. the rules record what they need for the next replay, and ``PredecessorBoost`` raises the priorities of
    the replayed transitions' predecessors.
 
@@ -20,7 +21,9 @@ Everything is validated before anything changes: bad input raises and leaves buf
 Per-transition state is kept per slot with the id that owns it, so a slot reused by a new transition starts
 fresh (stale-safe), and stale ids are skipped as by the buffer.
 
-Works with every sampler except where a rule says otherwise (``Staleness`` needs an order-based sampler).
+Works with every sampler except where a rule says otherwise (``Staleness`` needs an order-based sampler and
+must be the last magnitude rule; ``PredecessorBoost`` needs one priority per transition: not ``Uniform`` or
+``Hybrid``).
 """
 
 from __future__ import annotations
@@ -282,6 +285,12 @@ class PredecessorBoost(PriorityRule):
     def __init__(self, fraction: float = 1.0) -> None:
         self.fraction = check_real(fraction, "fraction", low=0.0)
 
+    def bind(self, prioritizer: Prioritizer) -> None:
+        name = prioritizer.buffer.sampler.name
+        if name in ("Uniform", "Hybrid"):
+            raise ValueError(f"sampler: PredecessorBoost needs a sampler that keeps one priority per transition, "
+                             f"got {name} (a Hybrid's components may keep priorities on different scales)")
+
     def plan(self, prioritizer: Prioritizer, u: Update, written: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(predecessor ids, their boosted priorities) after this update's ``written`` priorities."""
         buf = prioritizer.buffer
@@ -302,7 +311,8 @@ class PredecessorBoost(PriorityRule):
             if int(t) in last:
                 current[k] = last[int(t)]
         keep = np.isfinite(current)
-        return targets[keep], current[keep] + add[keep]
+        with np.errstate(over="ignore"):  # an overflow to inf is refused by the caller, naming td_errors
+            return targets[keep], current[keep] + add[keep]
 
 
 class Prioritizer:
@@ -325,6 +335,13 @@ class Prioritizer:
                 raise TypeError(f"rules[{k}]: expected a perx.priorities rule, got {_short(rule)}")
         if len({id(r) for r in rules}) != len(rules):
             raise ValueError("rules: the same rule object appears twice")
+        if sum(isinstance(r, PredecessorBoost) for r in rules) > 1:
+            raise ValueError("rules: at most one PredecessorBoost (give it the sum of the fractions)")
+        magnitude = [r for r in rules if not isinstance(r, PredecessorBoost)]
+        stale = [k for k, r in enumerate(magnitude) if isinstance(r, Staleness)]
+        if stale and stale[0] != len(magnitude) - 1:
+            raise ValueError(f"rules: Staleness must be the last rule that maps the magnitude (its constant shift "
+                             f"keeps the order only if nothing scales it afterwards); got {list(rules)}")
         self.buffer = buffer
         self.rules = tuple(rules)
         self.clock = 0.0
@@ -336,7 +353,8 @@ class Prioritizer:
         return f"Prioritizer({', '.join(map(repr, self.rules))})"
 
     def priority(self, e: np.ndarray) -> np.ndarray:
-        """The sampler's priority function of the magnitude e (eps and floor), or e if it has none."""
+        """The priority the sampler stores for the magnitude e (its own eps and floor), or e if it has no
+        priority function (heap samplers store e; a Hybrid applies each component's own)."""
         fn = getattr(self.buffer.sampler, "priority", None)
         return fn(e) if fn is not None else e
 
@@ -355,7 +373,7 @@ class Prioritizer:
         return Update(ids, ids % self.buffer.capacity, td, live, self.clock)
 
     def compute(self, indices, td_errors) -> np.ndarray:
-        """The priorities :meth:`update` would write (float64 [B]); changes nothing."""
+        """The priorities :meth:`update` would store (float64 [B]); changes nothing."""
         u = self._prepare(indices, td_errors)
         return self.priority(self._magnitudes(u)[-1])
 
@@ -375,15 +393,15 @@ class Prioritizer:
         """
         u = self._prepare(indices, td_errors)
         es = self._magnitudes(u)
-        p = self.priority(es[-1])
-        boosts = [r.plan(self, u, p) for r in self.rules if isinstance(r, PredecessorBoost)]
-        limit = getattr(self.buffer.sampler, "max_accepted_priority", None)
-        if limit is not None:
-            for values in [p] + [b[1] for b in boosts]:
-                if len(values) and not (values <= limit).all():
-                    raise ValueError(f"td_errors: a priority {float(values.max())!r} exceeds the largest the sampler "
-                                     f"accepts ({limit!r})")
-        n = self.buffer.set_priorities(u.ids, p)
+        boosts = [r.plan(self, u, self.priority(es[-1])) for r in self.rules if isinstance(r, PredecessorBoost)]
+        limit = getattr(self.buffer.sampler, "max_accepted_priority", np.inf)
+        for targets, values in boosts:  # checked before anything is written
+            if len(values) and not (np.isfinite(values) & (values <= limit)).all():
+                raise ValueError(f"td_errors: a predecessor's boosted priority {float(values.max())!r} is not finite "
+                                 f"or exceeds the largest the sampler accepts ({limit!r}); nothing was changed")
+        # the magnitudes go through the sampler's own priority function (each component's, for a Hybrid);
+        # a refused write raises here, before any rule records anything
+        n = self.buffer.update_priorities(u.ids, es[-1])
         for k, rule in enumerate(self.rules):
             rule.commit(u, es[k], es[k + 1])
         for targets, values in boosts:

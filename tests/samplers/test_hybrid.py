@@ -137,3 +137,38 @@ def test_random_mixing_needs_fixed_rank_segments():
     with pytest.raises(ValueError, match="segments"):
         perx.Hybrid([perx.RankBased(), perx.Uniform()], [0.5, 0.5], mixing="random")
     perx.Hybrid([perx.RankBased(segments=16), perx.Uniform()], [0.5, 0.5], mixing="random")
+
+
+def test_probabilities_of_three_components_never_exceed_one():
+    # one stored transition has P_c = 1 in every component; the shares must not round the sum above 1
+    for mixing, fractions in (("random", [0.7, 0.2, 0.1]), ("shares", [9 / 28, 18 / 28, 1 / 28])):
+        buf = perx.ReplayBuffer(8, perx.Hybrid([perx.Uniform(), perx.Proportional(), perx.Uniform()], fractions,
+                                               mixing=mixing), seed=0)
+        buf.add(x=1.0)
+        batch = buf.sample(28, beta=0.5)
+        assert (batch.probabilities <= 1.0).all() and (batch.weights == 1.0).all()
+
+
+def test_weights_of_one_without_importance_sampling():
+    buf = prioritized(perx.Hybrid([perx.LAP(alpha=0.4), perx.Uniform()], [0.5, 0.5], importance_sampling=False))
+    assert (buf.sample(16, beta=1.0).weights == 1).all()
+    buf = prioritized(perx.Hybrid([perx.LAP(alpha=0.4), perx.Uniform()], [0.5, 0.5]))
+    assert (buf.sample(16, beta=1.0).weights < 1).any()  # the mixture's weights, whatever LAP's own setting
+
+
+def test_a_refused_component_state_changes_no_component():
+    buf = prioritized(perx.Hybrid([perx.Proportional(alpha=0.6), perx.RankBased(alpha=0.7)], [0.5, 0.5]))
+    meta, arrays = buf.sampler.state_dict()
+    arrays = {k: v.copy() for k, v in arrays.items()}
+    arrays["c0.priority"][:] = 0.5  # a valid state for component 0 ...
+    arrays["c1.state"][0] = 99  # ... but not for component 1
+    before = snapshot(buf)
+    with pytest.raises(ValueError):
+        buf.sampler.load_state_dict(meta, arrays, size=len(buf), next_id=buf.next_index)
+    assert_same(before, snapshot(buf))
+
+
+def test_nbytes_counts_every_component():
+    h = perx.ReplayBuffer(1000, perx.Hybrid([perx.RankBased(exact=True), perx.Uniform()], [0.5, 0.5])).sampler
+    r = perx.ReplayBuffer(1000, perx.RankBased(exact=True)).sampler
+    assert h.nbytes == r.nbytes

@@ -12,11 +12,12 @@ update is written to all of them.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
 
-from perx._validation import _short, check_choice, check_real
+from perx._validation import _short, check_bool, check_choice, check_real
 from perx.samplers.base import Sampler, check_update, raise_bad_update, restore_rng
 from perx.weights import importance_weights
 
@@ -32,10 +33,13 @@ class Hybrid(Sampler):
         mixing: ``"shares"`` (default): component c draws k_c = f_c B of every batch, rounded by largest
             remainder, and P(i) = sum_c (k_c / B) P_c(i). ``"random"``: each draw picks its component at
             random with probability f_c (counts multinomial), P(i) = sum_c f_c P_c(i) exactly; the choice
-            for small batches, where rounding would starve a component (B = 1 would always use the first).
+            for small batches, where rounding would starve a component (with B = 1 the largest share
+            would draw every time).
             A RankBased component then needs fixed ``segments``.
         normalize: only ``"batch"``: weights are divided by the batch's largest weight (the smallest
             probability over the whole buffer of a mixture has no cheap closed form).
+        importance_sampling: IS weights for the mixture (default), whatever the components' own setting
+            (a ``perx.LAP`` component alone has none); ``False`` returns weights of 1.
         seed: seeds the hybrid's generator and, through ``np.random.SeedSequence``, each component's.
 
     Example: ``perx.Hybrid([perx.Proportional(0.6), perx.Uniform()], [0.75, 0.25])`` draws 24 of a
@@ -49,7 +53,7 @@ class Hybrid(Sampler):
     name = "Hybrid"
 
     def __init__(self, components: list, fractions: list, *, mixing: str = "shares", normalize: str = "batch",
-                 seed: int | None = None) -> None:
+                 importance_sampling: bool = True, seed: int | None = None) -> None:
         super().__init__(seed=seed)
         if not isinstance(components, (list, tuple)) or len(components) < 2:
             raise ValueError(f"components: expected a list of two or more samplers, got {_short(components)}")
@@ -84,12 +88,14 @@ class Hybrid(Sampler):
         self.components = built
         self.fractions = f / f.sum()
         self.normalize = check_choice(normalize, "normalize", ("batch",))
+        self.importance_sampling = check_bool(importance_sampling, "importance_sampling")
         if seed is not None:
             self.reseed(seed)
 
     def config(self) -> dict[str, Any]:
         return {"components": [{"name": c.name, "config": c.config()} for c in self.components],
-                "fractions": [float(x) for x in self.fractions], "mixing": self.mixing, "normalize": self.normalize}
+                "fractions": [float(x) for x in self.fractions], "mixing": self.mixing, "normalize": self.normalize,
+                "importance_sampling": self.importance_sampling}
 
     def reseed(self, seed: int | None) -> None:
         seq = np.random.SeedSequence(seed)
@@ -127,15 +133,19 @@ class Hybrid(Sampler):
             probs = self._mixture(slots, size, k, batch_size)
         else:  # each draw picks component c with probability f_c: P(i) = sum_c f_c P_c(i)
             probs = self.probabilities(slots, size, None)
-        weights = importance_weights(probs, size, beta, normalize="batch")
+        if self.importance_sampling:
+            weights = importance_weights(probs, size, beta, normalize="batch")
+        else:
+            weights = np.ones(len(probs))
         return slots, ids, probs, weights
 
     def _mixture(self, slots, size, k, batch_size):
         probs = np.zeros(len(slots))
         for comp, kc in zip(self.components, k, strict=True):
             if kc > 0:
-                probs += (kc / batch_size) * comp.probabilities(slots, size, int(kc))
-        return probs
+                probs += kc * comp.probabilities(slots, size, int(kc))
+        # the k_c sum to B exactly; a sum of shares of 1 may still round a hair above 1
+        return np.minimum(probs / batch_size, 1.0)
 
     def update(self, ids, values, next_id, *, raw):
         code = check_update(ids, values, next_id, self.capacity, raw)
@@ -163,8 +173,18 @@ class Hybrid(Sampler):
             probs = np.zeros(len(slots))
             for comp, f in zip(self.components, self.fractions, strict=True):
                 probs += f * comp.probabilities(slots, size, None)
-            return probs
+            return np.minimum(probs, 1.0)  # shares summing to 1 may round a hair above it
         return self._mixture(slots, size, self.counts(batch_size), batch_size)
+
+    @property
+    def max_accepted_priority(self) -> float:
+        """The smallest of the components' largest accepted priorities (inf if none has a limit)."""
+        limits = [comp.max_accepted_priority for comp in self.components if hasattr(comp, "max_accepted_priority")]
+        return min(limits, default=np.inf)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(comp.nbytes for comp in self.components)
 
     def priorities(self, slots: np.ndarray) -> np.ndarray:
         """Stored priorities of the first component that keeps them (every component gets each update)."""
@@ -193,10 +213,16 @@ class Hybrid(Sampler):
         if not isinstance(metas, list) or len(metas) != len(self.components):
             raise ValueError(f"components: expected {len(self.components)} saved states, got {_short(metas)}")
         rng = restore_rng(meta["rng"])
+        # every component is checked (loaded into a copy) before any is changed
+        loaded = []
         for c, comp in enumerate(self.components):
             prefix = f"c{c}."
-            comp.load_state_dict(metas[c], {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
+            twin = copy.deepcopy(comp)
+            twin.load_state_dict(metas[c], {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
                                  size=size, next_id=next_id)
+            loaded.append(twin)
+        for comp, twin in zip(self.components, loaded, strict=True):
+            comp.__dict__.update(twin.__dict__)
         self._rng = rng
 
 
