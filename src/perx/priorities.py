@@ -395,7 +395,7 @@ class Prioritizer:
         es = self._magnitudes(u)
         boosts = [r.plan(self, u, self.priority(es[-1])) for r in self.rules if isinstance(r, PredecessorBoost)]
         limit = getattr(self.buffer.sampler, "max_accepted_priority", np.inf)
-        for targets, values in boosts:  # checked before anything is written
+        for _, values in boosts:  # checked before anything is written
             if len(values) and not (np.isfinite(values) & (values <= limit)).all():
                 raise ValueError(f"td_errors: a predecessor's boosted priority {float(values.max())!r} is not finite "
                                  f"or exceeds the largest the sampler accepts ({limit!r}); nothing was changed")
