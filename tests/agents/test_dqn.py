@@ -209,3 +209,36 @@ def test_atari_evaluation_cap_counts_agent_steps():
         steps += 1
         done = term or trunc
     assert steps == 40
+
+
+def test_priority_rules_are_built_per_run_and_resume_exactly(tmp_path):
+    """An App. A rule (perx.priorities) in the agent: its state is checkpointed, so a resumed run continues
+    bit for bit."""
+    configs = [cartpole(variant="per", seed=0, priority_rule="learning-progress"),
+               cartpole(variant="per", seed=0, priority_rule="predecessor")]
+    full_losses, resumed_losses = [], []
+    dqn.train(configs, [tmp_path / "f0", tmp_path / "f1"],
+              on_update=lambda s, losses: full_losses.append((s, losses.copy())))
+    dirs = [tmp_path / "c0", tmp_path / "c1"]
+    dqn.train(configs, dirs, stop_after=200)
+    dqn.train(configs, dirs, on_update=lambda s, losses: resumed_losses.append((s, losses.copy())))
+    after = [(s, losses) for s, losses in full_losses if s > 200]
+    assert len(after) == len(resumed_losses) > 0
+    for (s1, l1), (s2, l2) in zip(after, resumed_losses, strict=True):
+        assert s1 == s2
+        np.testing.assert_array_equal(l1, l2)
+    plain = dqn.Runs([cartpole(variant="per", seed=0)])
+    ruled = dqn.Runs([cartpole(variant="per", seed=0, priority_rule="learning-progress")])
+    assert plain.prioritizers == [None] and isinstance(ruled.prioritizers[0], perx.Prioritizer)
+    with pytest.raises(ValueError, match="priority_rule"):
+        dqn.Runs([cartpole(variant="per", priority_rule="nonsense")])
+
+
+def test_study_labels_carry_the_priority_rule(tmp_path):
+    from perx.experiments import study
+
+    spec = {"envs": ["CartPole-v1"], "variants": ["per", "per+asymmetric"], "seeds": [0],
+            "config": {"total_steps": 10}}
+    (group,) = study.grid(spec)
+    assert [study.label(c) for c in group] == ["per", "per+asymmetric"]
+    assert group[1].variant == "per" and group[1].priority_rule == "asymmetric"

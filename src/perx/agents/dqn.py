@@ -112,6 +112,9 @@ class DQNConfig(VariantConfig):
     batch's ("batch", as the 004 and Dopamine code do)"""
     lr_scale: float | None = None
     """step-size factor of the variant; None: the variant's (1/4 for per and rank)"""
+    priority_rule: str | None = None
+    """a 000 App. A priority variant between the TD errors and the buffer (perx.priorities): learning-progress,
+    rprop-sign, asymmetric or predecessor; None: |delta| as Algorithm 1"""
     device: str = "cpu"
     """torch device of the networks (cuda where one exists)"""
 
@@ -133,6 +136,23 @@ def make_sampler(cfg: DQNConfig) -> perx.Sampler:
     if s["sampler"] == "rank":
         return perx.RankBased(alpha=s["alpha"], normalize=s.get("normalize", "buffer"))
     return perx.LAP(alpha=s["alpha"], kappa=s["kappa"])
+
+
+#: DQNConfig.priority_rule -> the perx.priorities rules it stands for (000 App. A).
+PRIORITY_RULES = {
+    "learning-progress": lambda: [perx.priorities.LearningProgress()],
+    "rprop-sign": lambda: [perx.priorities.LearningProgress(sign_rule=True)],
+    "asymmetric": lambda: [perx.priorities.Asymmetric(positive=2.0)],
+    "predecessor": lambda: [perx.priorities.PredecessorBoost(1.0)],
+}
+
+
+def make_prioritizer(cfg: DQNConfig, buf: perx.ReplayBuffer) -> perx.Prioritizer | None:
+    if cfg.priority_rule is None:
+        return None
+    if cfg.priority_rule not in PRIORITY_RULES:
+        raise ValueError(f"priority_rule: one of {sorted(PRIORITY_RULES)} or None, got {cfg.priority_rule!r}")
+    return perx.Prioritizer(buf, *PRIORITY_RULES[cfg.priority_rule]())
 
 
 def network_for(env_id: str, obs_shape: tuple[int, ...], actions: int) -> Callable[[], torch.nn.Module]:
@@ -194,6 +214,7 @@ class Runs(LockstepRuns):
         self.beta0 = [s.get("beta0", 1.0) for s in settings]
         # priorities go back to every sampler that uses them (a sampler passed in replaces the variant's)
         self.writes_priorities = [not isinstance(buf.sampler, perx.Uniform) for buf in self.buffers]
+        self.prioritizers = [make_prioritizer(cfg, buf) for cfg, buf in zip(configs, self.buffers, strict=True)]
 
     def epsilon(self) -> float:
         c = self.cfg
@@ -236,12 +257,27 @@ class Runs(LockstepRuns):
         self.optimizer.step()
         td = delta.detach().cpu().numpy()
         for r, (buf, batch) in enumerate(zip(self.buffers, batches, strict=True)):
-            if self.writes_priorities[r]:
+            if self.prioritizers[r] is not None:
+                self.prioritizers[r].update(batch.indices, td[r])  # an App. A variant of |delta|
+            elif self.writes_priorities[r]:
                 buf.update_priorities(batch.indices, td[r])  # |delta| for exactly the sampled ids
         self.updates += 1
         if self.updates % self.cfg.target_update == 0:
             self.target.load_state_dict(self.q.state_dict())
+            for prio in self.prioritizers:
+                if prio is not None:
+                    prio.target_updated()
         return losses.detach()
+
+    def extra_state(self, r: int) -> dict:
+        prio = self.prioritizers[r]
+        return {} if prio is None else {"prioritizer": prio.state_dict()}
+
+    def load_extra_state(self, r: int, state: dict) -> None:
+        # the buffer was replaced by the loaded one: the rules are rebuilt on it, then restored
+        self.prioritizers[r] = make_prioritizer(self.configs[r], self.buffers[r])
+        if self.prioritizers[r] is not None:
+            self.prioritizers[r].load_state_dict(state["prioritizer"])
 
     def load(self, dirs: Sequence[Path]) -> bool:
         for d in dirs:  # checkpoints written before the runner was shared name the networks differently

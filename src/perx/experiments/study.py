@@ -56,6 +56,18 @@ def run_dir(root: Path, env_id: str, variant: str, seed: int) -> Path:
     return root / env_dir(env_id) / variant / f"seed={seed}"
 
 
+def label(cfg: Any) -> str:
+    """A run's variant name in a study: the variant, plus ``+rule`` for a 000 App. A priority rule."""
+    rule = getattr(cfg, "priority_rule", None)
+    return cfg.variant if rule is None else f"{cfg.variant}+{rule}"
+
+
+def split_label(name: str) -> dict[str, Any]:
+    """``"per+learning-progress"`` -> {"variant": "per", "priority_rule": "learning-progress"}."""
+    variant, _, rule = name.partition("+")
+    return {"variant": variant, **({"priority_rule": rule} if rule else {})}
+
+
 def _coerce(field: dataclasses.Field, text: str) -> Any:
     kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
     if text.lower() == "none":
@@ -88,7 +100,7 @@ def grid(spec: dict) -> list[list[Any]]:
     config_class, _ = agent(spec.get("agent", "dqn"))
     groups = []
     for env_id in spec["envs"]:
-        configs = [config_class(**{**base, "env_id": env_id, "variant": v, "seed": s})
+        configs = [config_class(**{**base, "env_id": env_id, **split_label(v), "seed": s})
                    for v in spec["variants"] for s in spec["seeds"]]
         size = spec.get("group", len(configs))
         groups += [configs[i:i + size] for i in range(0, len(configs), size)]
@@ -115,7 +127,7 @@ def run_study(root: Path, spec: dict, workers: int, log=print) -> None:
     groups = grid(spec)
     jobs = []
     for configs in groups:
-        dirs = [run_dir(root, c.env_id, c.variant, c.seed) for c in configs]
+        dirs = [run_dir(root, c.env_id, label(c), c.seed) for c in configs]
         if all((d / "done").exists() for d in dirs):
             continue
         jobs.append((configs, [str(d) for d in dirs], len(jobs) % max(workers, 1)))
@@ -193,7 +205,8 @@ def plot(root: Path, log=print) -> dict:
     if not data:
         raise SystemExit(f"{root}: no metrics.csv found")
     envs = sorted(data)
-    variants = [v for v in ORDER if any(v in data[e] for e in envs)]
+    found = {v for e in envs for v in data[e]}
+    variants = [v for v in ORDER if v in found] + sorted(found - set(ORDER))  # then App. A rule variants
     fig, axes = plt.subplots(1, len(envs), figsize=(5.5 * len(envs), 4), squeeze=False)
     finals: dict = {}
     for ax, env in zip(axes[0], envs, strict=True):
@@ -287,7 +300,7 @@ def dqn_main(argv: list[str] | None = None, prog: str = "perx dqn", agent_name: 
     configs = [config_class(env_id=args.env, variant=args.variant, seed=s, device=args.device, **extra)
                for s in args.seeds]
     root = Path(args.out)
-    dirs = [run_dir(root, c.env_id, c.variant, c.seed) for c in configs]
+    dirs = [run_dir(root, c.env_id, label(c), c.seed) for c in configs]
     rows = train(configs, dirs, progress=True, log=print)
     for c, r in zip(configs, rows, strict=True):
         if r:
@@ -329,7 +342,14 @@ def study_spec(args: argparse.Namespace) -> dict:
     config_class, _ = agent(spec.get("agent", "dqn"))
     spec.setdefault("config", {}).update(parse_overrides(args.set, config_class))
     known = importlib.import_module(config_class.__module__).VARIANTS
-    unknown = set(spec["variants"]) - set(known)
+    unknown = {v for v in spec["variants"] if split_label(v)["variant"] not in known}
+    rules = {split_label(v).get("priority_rule") for v in spec["variants"]} - {None}
+    if rules and spec.get("agent", "dqn") == "dqn":
+        from perx.agents.dqn import PRIORITY_RULES
+
+        if rules - set(PRIORITY_RULES):
+            raise SystemExit(f"variants: unknown priority rules {sorted(rules - set(PRIORITY_RULES))}; known "
+                             f"{sorted(PRIORITY_RULES)} (as per+learning-progress)")
     if unknown:
         raise SystemExit(f"variants: unknown {sorted(unknown)}; known {sorted(known)}")
     return spec
