@@ -242,3 +242,20 @@ def test_study_labels_carry_the_priority_rule(tmp_path):
     (group,) = study.grid(spec)
     assert [study.label(c) for c in group] == ["per", "per+asymmetric"]
     assert group[1].variant == "per" and group[1].priority_rule == "asymmetric"
+
+
+def test_study_spec_accepts_rule_variants_and_refuses_unknown_rules(tmp_path):
+    import argparse
+
+    from perx.experiments import study
+
+    def spec(variants):
+        args = argparse.Namespace(config=None, agent=None, envs=["CartPole-v1"], variants=variants, seeds=1,
+                                  steps=10, group=None, set=[])
+        return study.study_spec(args)
+
+    assert spec(["per", "per+predecessor"])["variants"] == ["per", "per+predecessor"]
+    with pytest.raises(SystemExit, match="priority rules"):
+        spec(["per+nonsense"])
+    with pytest.raises(SystemExit, match="unknown"):
+        spec(["nonsense+asymmetric"])
