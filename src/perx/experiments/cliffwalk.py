@@ -440,7 +440,7 @@ def plot(summary: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 6.6), sharey=True)
     for ax, rep, title in ((axes[0], "tabular", "Tabular (000 Fig. 2 left)"),
                            (axes[1], "linear", "Linear function approximation (000 Fig. 2 right)")):
         for method in METHODS:
@@ -460,14 +460,14 @@ def plot(summary: list[dict], path: Path) -> None:
             if (~ok).any():  # most runs stalled or hit the cap: show where they stopped, not a convergence
                 stop = np.array([r["median_updates_at_stop"] for r in rows])
                 ax.plot(x[~ok], stop[~ok], color=color, ls=":", marker="x", ms=6, lw=1.2,
-                        label=f"{base}: no convergence (x = median updates when stalled / capped)")
+                        label=f"{base}: not converged (x: median updates at the stall / cap)")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("memory size (transitions)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, which="both")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7, loc="lower right")
+        if ax.get_legend_handles_labels()[0]:  # below the axes: a legend inside would cover curves
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
     axes[0].set_ylabel("updates to convergence (median of 10; faint: min, max)")
     fig.suptitle("Blind Cliffwalk: updates until the MSE to the true Q-values is below 1e-3", fontsize=10)
     fig.tight_layout()
