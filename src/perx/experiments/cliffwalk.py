@@ -55,6 +55,7 @@ from numba import njit
 
 import perx
 from perx.envs import BlindCliffwalk
+from perx.experiments._pool import run_jobs
 
 CONVERGED_MSE = 1e-3
 ETA = 0.25
@@ -577,18 +578,7 @@ def _log(message: str) -> None:
 
 
 def _execute(jobs, workers):
-    try:
-        from tqdm import tqdm
-    except ImportError:  # no progress bar without tqdm (the experiments extra installs it)
-        def tqdm(iterable, **kwargs):
-            return iterable
-    if workers <= 1 or len(jobs) <= 1:
-        yield from tqdm(map(_run_job, jobs), total=len(jobs), desc="cliffwalk runs", unit="run")
-        return
-    import multiprocessing as mp
-
-    with mp.get_context("spawn").Pool(workers) as pool:
-        yield from tqdm(pool.imap_unordered(_run_job, jobs), total=len(jobs), desc="cliffwalk runs", unit="run")
+    return run_jobs(_run_job, jobs, workers, "cliffwalk runs")
 
 
 def print_table(summary: list[dict]) -> None:

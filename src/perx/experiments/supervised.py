@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 import perx
+from perx.experiments._pool import run_jobs
 
 METHODS = ("uniform", "informed", "prioritized", "prioritized-is")
 RARE = (0, 1, 2, 3, 4)
@@ -325,18 +326,7 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
 
 
 def _execute(jobs, workers):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        def tqdm(iterable, **kwargs):
-            return iterable
-    if workers <= 1 or len(jobs) <= 1:
-        yield from tqdm(map(_run_job, jobs), total=len(jobs), desc="supervised runs", unit="run")
-        return
-    import multiprocessing as mp
-
-    with mp.get_context("spawn").Pool(workers) as pool:
-        yield from tqdm(pool.imap_unordered(_run_job, jobs), total=len(jobs), desc="supervised runs", unit="run")
+    return run_jobs(_run_job, jobs, workers, "supervised runs")
 
 
 def print_table(chosen: list[dict]) -> None:

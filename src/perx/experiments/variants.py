@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 import perx
+from perx.experiments._pool import run_jobs
 from perx.envs import BlindCliffwalk
 from perx.experiments.cliffwalk import CONVERGED_MSE, Learner
 from perx.priorities import Asymmetric, LearningProgress, PredecessorBoost, ReturnBoost, Staleness
@@ -279,18 +280,7 @@ def main(argv: list[str] | None = None, prog: str = "perx variants") -> int:
 
 
 def _execute(jobs, workers):
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        def tqdm(iterable, **kwargs):
-            return iterable
-    if workers <= 1 or len(jobs) <= 1:
-        yield from tqdm(map(_run_job, jobs), total=len(jobs), desc="variant runs", unit="run")
-        return
-    import multiprocessing as mp
-
-    with mp.get_context("spawn").Pool(workers) as pool:
-        yield from tqdm(pool.imap_unordered(_run_job, jobs), total=len(jobs), desc="variant runs", unit="run")
+    return run_jobs(_run_job, jobs, workers, "variant runs")
 
 
 if __name__ == "__main__":
