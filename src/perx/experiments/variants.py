@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 import perx
-from perx.experiments._pool import run_jobs
 from perx.envs import BlindCliffwalk
+from perx.experiments._pool import run_jobs
 from perx.experiments.cliffwalk import CONVERGED_MSE, Learner
 from perx.priorities import Asymmetric, LearningProgress, PredecessorBoost, ReturnBoost, Staleness
 
