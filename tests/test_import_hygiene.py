@@ -41,7 +41,7 @@ def test_the_core_imports_no_agents_envs_experiments_or_integrations():
 
 
 def test_integrations_use_the_public_api_not_private_kernels():
-    for name in ("sb3.py", "gym.py"):
+    for name in ("sb3.py", "gym.py", "distributed/replay.py", "distributed/apex.py"):
         private = {m for m in imports(SRC / name) if m.startswith("perx.") and any(
             part.startswith("_") for part in m.split("."))}
         assert not private, f"{name} imports {sorted(private)}"

@@ -472,6 +472,21 @@ class ReplayBuffer:
             batch_size = check_batch_size(batch_size)
         return self.sampler.probabilities(slots, size, batch_size)
 
+    def mass_totals(self) -> tuple[float, float]:
+        """(sum, minimum) of the sampling masses p_i^alpha of the stored transitions, O(1).
+
+        For the samplers whose P(i) = mass_i / sum (000 eq. 1): ``perx.Uniform`` (every mass 1),
+        ``perx.Proportional`` and ``perx.LAP``. Several buffers combine into one distribution with them:
+        the union's P(i) = mass_i / (sum of the sums) and its largest IS weight belongs to the smallest
+        minimum (:class:`perx.distributed.ShardedReplay`). (0.0, inf) for an empty buffer.
+
+        Raises:
+            ValueError: a sampler whose probabilities are not mass / sum (rank-based, greedy, hybrid).
+        """
+        size = len(self)
+        total, smallest = self.sampler.mass_totals(size)
+        return (0.0, float("inf")) if size == 0 else (total, smallest)
+
     # -- persistence -----------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
         """Write the complete state (data, priorities, max priority, counter, RNG) to ``path`` atomically.
@@ -537,7 +552,7 @@ class ReplayBuffer:
 
 
 _LOCKED = ("add", "extend", "sample", "get", "update_priorities", "set_priorities", "probabilities",
-           "priorities", "predecessors", "save", "end_episodes")
+           "priorities", "predecessors", "save", "end_episodes", "mass_totals")
 
 
 def _locked(method, lock):

@@ -18,6 +18,7 @@ commands:
   supervised  prioritized supervised learning on class-imbalanced digits (PER Sec. 6, Figure 5)
   variants  the priority variants of PER Appendix A on the linear Blind Cliffwalk
   rank-tv  total-variation distance of heap-mode rank-based sampling from the power law
+  apex     Ape-X Double DQN on Ray: actors, a sharded prioritized replay, one learner (perx[ray])
   theory   check the loss/sampling equivalence (Fujimoto et al. 2020) exactly; plot the losses
 
 Run `perx <command> --help` for a command's options."""
@@ -63,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
         from perx.experiments.rank_tv import main as rank_tv_main
 
         return rank_tv_main(rest, prog="perx rank-tv")
+    if command == "apex":
+        from perx.experiments.apex import main as apex_main
+
+        return apex_main(rest, prog="perx apex")
     if command == "theory":
         from perx.experiments.theory import main as theory_main
 

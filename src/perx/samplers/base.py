@@ -165,6 +165,16 @@ class Sampler:
         """
         raise NotImplementedError
 
+    def mass_totals(self, size: int) -> tuple[float, float]:
+        """(sum, minimum) of the sampling masses of the ``size`` stored transitions, for samplers whose
+        P(i) is mass_i / sum (000 eq. 1). Several buffers' totals combine into the P(i) and IS weights
+        of their union (:mod:`perx.distributed`). Samplers whose P(i) depends on more than a
+        per-transition mass (ranks, mixtures, top-k) raise ValueError.
+        """
+        raise ValueError(f"sampler: {type(self).__name__}'s probabilities are not proportional to a per-transition "
+                         f"mass, so buffers using it cannot be combined by mass totals; use perx.Uniform, "
+                         f"perx.Proportional or perx.LAP")
+
     @property
     def nbytes(self) -> int:
         """Bytes of the sampler's numpy arrays (Python-level structures, if any, are not counted)."""

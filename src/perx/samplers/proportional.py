@@ -345,6 +345,10 @@ class Proportional(Sampler):
             raise self._no_mass(size, "probabilities")
         return self._nodes[self._leaf_base + slots, 0] / total
 
+    def mass_totals(self, size):
+        # the roots of the sum and min trees: O(1)
+        return float(self._nodes[1, 0]), float(self._nodes[1, 1])
+
     def state_dict(self):
         # The trees are derived state: only the raw priorities are saved, and load rebuilds the trees.
         meta, arrays = super().state_dict()

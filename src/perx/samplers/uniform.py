@@ -38,3 +38,6 @@ class Uniform(Sampler):
 
     def probabilities(self, slots, size, batch_size=None):
         return np.full(len(slots), 1.0 / size)
+
+    def mass_totals(self, size):
+        return float(size), 1.0  # every transition has mass 1

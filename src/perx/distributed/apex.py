@@ -1,0 +1,468 @@
+"""Ape-X Double DQN (Horgan et al. 2018) on Ray: actors with local priorities, a sharded replay, one learner.
+
+The pieces, each a Ray Core actor or the driver process:
+
+* N **actors** (:class:`ApexActor`) step their own environment with epsilon_i = 0.4^(1 + 7 i / (N - 1)),
+  build n-step transitions, compute their initial priorities |delta| with their copy of the network, and
+  push them to a shard of the replay in batches of ``push_size`` (one call per batch, never per step).
+* K **shards** (:class:`perx.distributed.ShardedReplay`): ordinary perx buffers, sampled as one
+  (the union's exact P(i) and IS weights), checkpointed, restarted by Ray when they die.
+* The **learner** (:func:`train`, in the driver): keeps ``prefetch`` sample calls in flight, applies
+  Double-DQN updates with IS-weighted Huber loss (000 Algorithm 1 lines 9-14), sends the new priorities
+  without waiting, copies the target network every ``target_update`` updates and broadcasts its
+  parameters to the actors every ``broadcast_every`` updates.
+
+``replay_ratio`` (sampled transitions per environment step) keeps the learner and the actors in step on
+any machine, so a run does not depend on how fast each side happens to be; 0 lets both run freely, as
+Ape-X does on a cluster. Evaluation, metrics.csv and config.json follow the other studies.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+import torch.nn.functional as F
+
+import perx
+from perx.agents.dqn import network_for
+from perx.agents.envs import make_env, network_input
+from perx.agents.runner import METRICS, versions
+from perx.distributed.replay import ShardedReplay, _restarted
+
+#: variant -> (sampler factory, Huber threshold kappa, initial beta); 000 Sec. 3-4 and 004 Sec. 5
+VARIANTS = {
+    "uniform": (lambda c: perx.Uniform(), 1.0, 1.0),
+    "per": (lambda c: perx.Proportional(alpha=c.alpha, eps=1e-6), 1.0, None),
+    "lap": (lambda c: perx.LAP(alpha=c.alpha, kappa=c.kappa), None, 1.0),
+}
+
+
+@dataclass(frozen=True)
+class ApexConfig:
+    """Hyperparameters of one Ape-X Double DQN run (defaults: CartPole on a laptop)."""
+
+    env_id: str = "CartPole-v1"
+    """Gymnasium id (``MinAtar/...`` for MinAtar, which uses the MinAtar network)."""
+    variant: str = "per"
+    """uniform, per (proportional, IS weights) or lap (LAP, Huber with kappa)."""
+    seed: int = 0
+    """Seeds networks, actors' environments and exploration, and the replay's sampling."""
+    total_steps: int = 20_000
+    """Environment steps summed over all actors."""
+    num_actors: int = 2
+    """N actors, each with its own environment and epsilon_i = eps_base^(1 + eps_alpha i / (N - 1))."""
+    num_shards: int = 2
+    """K replay shards (Ray actors)."""
+    capacity: int = 100_000
+    """Transitions kept over all shards."""
+    alpha: float = 0.6
+    """Priority exponent (Ape-X 0.6)."""
+    beta0: float = 0.4
+    """Initial IS exponent, annealed linearly to 1 over ``total_steps`` (Ape-X 0.4, per only)."""
+    kappa: float = 0.01
+    """LAP's Huber threshold and priority floor (004 D.2)."""
+    n_step: int = 3
+    """n-step returns (Ape-X: 3)."""
+    gamma: float = 0.99
+    batch_size: int = 64
+    learning_rate: float = 1e-3
+    """Adam step size."""
+    target_update: int = 500
+    """Learner updates between target-network copies (Ape-X: 2500)."""
+    broadcast_every: int = 25
+    """Learner updates between parameter broadcasts to the actors (Ape-X: actors fetch every 400 frames)."""
+    push_size: int = 256
+    """Transitions an actor sends per call to its shard."""
+    collect_steps: int = 256
+    """Environment steps an actor takes per ``collect`` call (between the learner's checks on it)."""
+    prefetch: int = 2
+    """Sample calls the learner keeps in flight."""
+    replay_ratio: float = 32.0
+    """Sampled transitions per environment step the learner aims for (0: no throttling). CartPole learns
+    erratically at 8 and steadily at 32 (one update of 64 every 2 steps), measured in docs/distributed.md."""
+    learning_starts: int = 1_000
+    """Transitions stored before learning starts."""
+    eps_base: float = 0.4
+    eps_alpha: float = 7.0
+    eval_every: int = 2_000
+    eval_episodes: int = 10
+    eval_epsilon: float = 0.001
+    eval_max_steps: int = 5_000
+    max_episode_steps: int | None = None
+    """Time limit of the actors' environments (None: the environment's own)."""
+    checkpoint_every: int = 0
+    """A shard saves itself after this many added transitions (0: never; then a restarted shard is empty)."""
+    actor_cpus: float = 0.5
+    shard_cpus: float = 0.0
+    hidden: int = 128
+    device: str = "cpu"
+    extra: dict = field(default_factory=dict)
+    """Free-form notes saved with the config."""
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant: one of {sorted(VARIANTS)}, got {self.variant!r}")
+        for name in ("total_steps", "num_actors", "num_shards", "capacity", "n_step", "batch_size", "target_update",
+                     "broadcast_every", "push_size", "collect_steps", "prefetch", "eval_every", "eval_episodes"):
+            v = getattr(self, name)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{name}: an int >= 1, got {v!r}")
+        if not self.replay_ratio >= 0:
+            raise ValueError(f"replay_ratio: >= 0, got {self.replay_ratio!r}")
+        if self.learning_starts > self.capacity:
+            raise ValueError(f"learning_starts: at most capacity ({self.capacity}), got {self.learning_starts!r}; "
+                             f"learning would never start")
+
+
+def actor_epsilon(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X's exploration schedule: epsilon_i = base^(1 + alpha i / (N - 1)) (Horgan et al. 2018, Sec. 4.1)."""
+    return base if n == 1 else base ** (1.0 + alpha * i / (n - 1))
+
+
+def build_network(cfg: ApexConfig, obs_shape: tuple[int, ...], actions: int) -> torch.nn.Module:
+    torch.manual_seed(cfg.seed)
+    return network_for(cfg.env_id, obs_shape, actions)()
+
+
+def td_errors(q: torch.nn.Module, target: torch.nn.Module, batch: dict[str, np.ndarray], env_id: str,
+              device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """(Q(s, a) [B], Double-DQN target y [B]): y = G + discount * Q_target(s', argmax_a Q(s', a))."""
+    obs = torch.as_tensor(network_input(batch["obs"], env_id), device=device)
+    next_obs = torch.as_tensor(network_input(batch["next_obs"], env_id), device=device)
+    actions = torch.as_tensor(batch["action"], dtype=torch.long, device=device)
+    with torch.no_grad():
+        best = q(next_obs).argmax(-1, keepdim=True)
+        next_value = target(next_obs).gather(-1, best).squeeze(-1)
+        y = (torch.as_tensor(batch["reward"], dtype=torch.float32, device=device)
+             + torch.as_tensor(batch["discount"], dtype=torch.float32, device=device) * next_value)
+    q_sa = q(obs).gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+    return q_sa, y
+
+
+class NStep:
+    """n-step transitions of one environment: (obs, action, G = sum_j gamma^j r_j, discount, next_obs).
+
+    discount is gamma^k after k steps, 0 when the episode terminated inside the window (no bootstrap);
+    a truncated episode bootstraps from its last observation (Gymnasium's terminated/truncated split).
+    """
+
+    def __init__(self, n: int, gamma: float) -> None:
+        self.n, self.gamma = n, gamma
+        self.window: deque = deque()
+
+    def step(self, obs, action, reward, next_obs, terminated: bool, truncated: bool) -> list[tuple]:
+        self.window.append((obs, action, float(reward)))
+        out = []
+        if len(self.window) == self.n:
+            out.append(self._emit(next_obs, terminated))
+            self.window.popleft()
+        if terminated or truncated:
+            while self.window:  # the shorter windows at the end of the episode
+                out.append(self._emit(next_obs, terminated))
+                self.window.popleft()
+        return out
+
+    def _emit(self, next_obs, terminated: bool) -> tuple:
+        g = 0.0
+        for j, (_, _, r) in enumerate(self.window):
+            g += self.gamma ** j * r
+        obs, action, _ = self.window[0]
+        discount = 0.0 if terminated else self.gamma ** len(self.window)
+        return obs, action, g, discount, next_obs
+
+
+class ApexActor:
+    """One Ape-X actor: its environment, epsilon, network copy and n-step builder (a Ray actor)."""
+
+    def __init__(self, cfg: ApexConfig, index: int, shard: Any, weights: dict[str, np.ndarray] | None = None) -> None:
+        torch.set_num_threads(1)
+        self.cfg, self.index, self.shard = cfg, index, shard
+        self.epsilon = actor_epsilon(index, cfg.num_actors, cfg.eps_base, cfg.eps_alpha)
+        self.env = make_env(cfg.env_id, max_episode_steps=cfg.max_episode_steps)
+        self.actions = int(self.env.action_space.n)
+        restarted = self.restarted = _restarted()
+        salt = int(time.time_ns() % 1_000_003) if restarted else 0  # a restarted actor explores afresh
+        self.rng = np.random.default_rng([cfg.seed, index, salt])
+        self.obs, _ = self.env.reset(seed=cfg.seed * 10_000 + index + salt)
+        self.net = build_network(cfg, self.obs.shape, self.actions)
+        if weights is not None:  # the learner sends them right after creation (and after a restart)
+            self.set_weights(weights)
+        self.nstep = NStep(cfg.n_step, cfg.gamma)
+        self.rows: list[tuple] = []
+        self.pending = None
+        self.episode_return = 0.0
+        self.pushed = 0
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+
+    def _act(self) -> int:
+        if self.rng.random() < self.epsilon:
+            return int(self.rng.integers(self.actions))
+        with torch.no_grad():
+            x = torch.as_tensor(network_input(self.obs[None], self.cfg.env_id))
+            return int(self.net(x).argmax(-1)[0])
+
+    def collect(self, steps: int) -> dict[str, Any]:
+        """Take ``steps`` environment steps, pushing full batches to the shard; returns what happened."""
+        returns = []
+        for _ in range(steps):
+            action = self._act()
+            next_obs, reward, terminated, truncated, _ = self.env.step(action)
+            self.rows.extend(self.nstep.step(self.obs, action, reward, next_obs, terminated, truncated))
+            self.episode_return += float(reward)
+            if terminated or truncated:
+                returns.append(self.episode_return)
+                self.episode_return = 0.0
+                next_obs, _ = self.env.reset()
+            self.obs = next_obs
+            if len(self.rows) >= self.cfg.push_size:
+                self._push()
+        restarted, self.restarted = self.restarted, False
+        return {"actor": self.index, "steps": steps, "returns": returns, "pushed": self.pushed,
+                "restarted": restarted}
+
+    def _push(self) -> None:
+        rows, self.rows = self.rows, []
+        obs, action, g, discount, next_obs = zip(*rows, strict=True)
+        data = {"obs": np.stack(obs), "action": np.asarray(action, np.int64),
+                "reward": np.asarray(g, np.float32), "discount": np.asarray(discount, np.float32),
+                "next_obs": np.stack(next_obs)}
+        td = None
+        if self.cfg.variant != "uniform":  # Ape-X: initial priorities from the actor's own network
+            q_sa, y = td_errors(self.net, self.net, data, self.cfg.env_id)
+            td = (q_sa - y).detach().numpy().astype(np.float64)
+        if self.pending is not None:
+            ray.get(self.pending)  # back-pressure: one push in flight per actor
+        self.pending = self.shard.add.remote(data, td)
+        self.pushed += len(rows)
+
+
+def _weights(net: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in net.state_dict().items()}
+
+
+def evaluate(cfg: ApexConfig, net: torch.nn.Module) -> float:
+    """Mean return of ``eval_episodes`` episodes of the epsilon-greedy (``eval_epsilon``) policy, on an
+    environment seeded with seed + 100 (the same start states at every evaluation)."""
+    env = make_env(cfg.env_id, max_episode_steps=cfg.eval_max_steps)
+    rng = np.random.default_rng(cfg.seed + 200)
+    totals = []
+    obs, _ = env.reset(seed=cfg.seed + 100)
+    total = 0.0
+    while len(totals) < cfg.eval_episodes:
+        if rng.random() < cfg.eval_epsilon:
+            action = int(rng.integers(env.action_space.n))
+        else:
+            with torch.no_grad():
+                x = torch.as_tensor(network_input(obs[None], cfg.env_id), device=cfg.device)
+                action = int(net(x).argmax(-1)[0])
+        obs, reward, terminated, truncated, _ = env.step(action)
+        total += float(reward)
+        if terminated or truncated:
+            totals.append(total)
+            total = 0.0
+            obs, _ = env.reset()
+    env.close()
+    return float(np.mean(totals))
+
+
+EXTRA_METRICS = ("updates", "sampled", "ingested", "stale_skipped", "shard_restarts", "actor_restarts",
+                 "learner_updates_per_second")
+
+
+def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bool = True,
+          log=print, kill_shard_at: int | None = None, kill_actor_at: int | None = None) -> list[dict[str, Any]]:
+    """Run Ape-X Double DQN on the Ray cluster this process is connected to (``ray.init`` first).
+
+    Writes ``out/metrics.csv`` (after every evaluation) and ``out/config.json``; returns the metric rows.
+    ``kill_shard_at`` / ``kill_actor_at``: kill shard 0 / actor 0 once this many environment steps are done
+    (fault-tolerance drills: Ray restarts the shard from its checkpoint and the actor afresh, and the run
+    carries on; counted in the metrics as shard_restarts and actor_restarts).
+    """
+    if not ray.is_initialized():
+        raise RuntimeError("apex.train: call ray.init(...) first")
+    torch.set_num_threads(1)
+    out = None if out is None else Path(out)
+    probe = make_env(cfg.env_id)
+    obs0, _ = probe.reset(seed=cfg.seed)
+    n_actions = int(probe.action_space.n)
+    probe.close()
+    q = build_network(cfg, obs0.shape, n_actions).to(cfg.device)
+    target = copy.deepcopy(q)
+    optimizer = torch.optim.Adam(q.parameters(), lr=cfg.learning_rate)
+    make_sampler, huber_kappa, beta_fixed = VARIANTS[cfg.variant]
+    kappa = cfg.kappa if huber_kappa is None else huber_kappa
+    checkpoint_dir = None
+    if cfg.checkpoint_every and out is not None:
+        checkpoint_dir = out / "shards"
+    replay = ShardedReplay(cfg.num_shards, cfg.capacity, make_sampler(cfg), seed=cfg.seed,
+                           checkpoint_dir=checkpoint_dir, checkpoint_every=cfg.checkpoint_every,
+                           num_cpus=cfg.shard_cpus)
+    Actor = ray.remote(ApexActor).options(max_restarts=-1, num_cpus=cfg.actor_cpus)
+    # weights go by a call, not as constructor arguments: a restarted actor must not depend on an object
+    # that may have left the store (ray-project/ray#53727); it gets the latest weights when it rejoins
+    actors = [Actor.remote(cfg, i, replay.shards[i % cfg.num_shards]) for i in range(cfg.num_actors)]
+    weights = ray.put(_weights(q))
+    for a in actors:
+        a.set_weights.remote(weights)
+    running = {actors[i].collect.remote(cfg.collect_steps): i for i in range(cfg.num_actors)}
+    idle: list[int] = []
+    failures = [0] * cfg.num_actors
+    seen_dead = [False] * cfg.num_actors
+    in_flight: deque = deque()
+    env_steps = updates = sampled = actor_restarts = 0
+    episodes, recent, losses, rows = 0, deque(maxlen=20), [], []
+    started = time.time()
+    learn_started = None
+    next_eval = cfg.eval_every
+    killed = killed_actor = False
+    bar = _bar(progress, cfg.total_steps, f"apex {cfg.env_id} {cfg.variant}")
+
+    def record() -> None:
+        ret = evaluate(cfg, q)
+        elapsed = time.time() - started
+        learn_time = time.time() - learn_started if learn_started else 0.0
+        rows.append({"step": env_steps, "episodes": episodes, "eval_return": ret,
+                     "train_return": float(np.mean(recent)) if recent else float("nan"),
+                     "loss": float(np.mean(losses)) if losses else float("nan"),
+                     "steps_per_second": env_steps / max(elapsed, 1e-9), "runs_in_process": 1,
+                     "updates": updates, "sampled": sampled, "ingested": len(replay),
+                     "stale_skipped": replay.skipped, "shard_restarts": len(replay.restarts),
+                     "actor_restarts": actor_restarts,
+                     "learner_updates_per_second": updates / max(learn_time, 1e-9)})
+        losses.clear()
+        if log:
+            log(f"apex {cfg.env_id} {cfg.variant} step {env_steps:,}: eval {ret:.1f} (updates {updates:,})")
+        if out is not None:
+            _write(out, cfg, rows, replay)
+
+    try:
+        while env_steps < cfg.total_steps:
+            learning = len(replay) >= cfg.learning_starts
+            behind = cfg.replay_ratio > 0 and sampled >= cfg.replay_ratio * env_steps
+            want_learn = learning and not behind
+            # harvest the actors (block for one when there is nothing to learn from yet)
+            ready, _ = ray.wait(list(running), num_returns=len(running) if want_learn else 1,
+                                timeout=0 if want_learn else None)
+            for ref in ready:
+                i = running.pop(ref)
+                try:
+                    res = ray.get(ref)
+                    failures[i] = 0
+                except ray.exceptions.RayActorError as err:
+                    failures[i] += 1
+                    if getattr(err, "actor_init_failed", False) or failures[i] > 20:
+                        raise RuntimeError(f"apex: actor {i} cannot run (its constructor failed, or it died "
+                                           f"{failures[i]} times in a row): {err}") from err
+                    # Ray restarts it; it is sent again, gets the latest weights and rejoins
+                    actor_restarts += 1
+                    seen_dead[i] = True
+                    actors[i].set_weights.remote(ray.put(_weights(q)))
+                    idle.append(i)
+                    continue
+                if res["restarted"] and not seen_dead[i]:  # it died while idle: restarted before this collect
+                    actor_restarts += 1
+                    actors[i].set_weights.remote(ray.put(_weights(q)))
+                seen_dead[i] = False
+                env_steps += res["steps"]
+                episodes += len(res["returns"])
+                recent.extend(res["returns"])
+                if bar is not None:
+                    bar.update(res["steps"])
+                idle.append(i)
+            # actors run ahead of the learner by at most one collect each
+            ahead = cfg.replay_ratio > 0 and learning and sampled + cfg.batch_size < cfg.replay_ratio * (
+                env_steps - cfg.num_actors * cfg.collect_steps)
+            if not ahead:
+                for i in idle:
+                    running[actors[i].collect.remote(cfg.collect_steps)] = i
+                idle.clear()
+            if not learning:
+                replay.refresh()
+            if kill_shard_at is not None and not killed and env_steps >= kill_shard_at:
+                ray.kill(replay.shards[0], no_restart=False)
+                killed = True
+            if kill_actor_at is not None and not killed_actor and env_steps >= kill_actor_at:
+                ray.kill(actors[0], no_restart=False)
+                killed_actor = True
+            if want_learn:
+                if learn_started is None:
+                    learn_started = time.time()
+                beta = beta_fixed if beta_fixed is not None else cfg.beta0 + (1 - cfg.beta0) * min(
+                    1.0, env_steps / cfg.total_steps)
+                while len(in_flight) < cfg.prefetch:
+                    in_flight.append(replay.sample_async(cfg.batch_size, beta))
+                batch = in_flight.popleft().result()
+                q_sa, y = td_errors(q, target, batch.data, cfg.env_id, cfg.device)
+                delta = q_sa - y
+                w = torch.as_tensor(batch.weights, dtype=torch.float32, device=cfg.device)
+                loss = (w * F.huber_loss(q_sa, y, reduction="none", delta=kappa)).mean()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                losses.append(loss.item())
+                if cfg.variant != "uniform":
+                    replay.update_priorities(batch.indices, delta.detach().cpu().numpy().astype(np.float64))
+                updates += 1
+                sampled += len(batch)
+                if updates % cfg.target_update == 0:
+                    target.load_state_dict(q.state_dict())
+                if updates % cfg.broadcast_every == 0:
+                    ref = ray.put(_weights(q))
+                    for a in actors:
+                        a.set_weights.remote(ref)  # queued behind the actor's running collect
+            if env_steps >= next_eval:
+                record()
+                next_eval += cfg.eval_every
+        if not rows or rows[-1]["step"] != env_steps:
+            record()
+    finally:
+        if bar is not None:
+            bar.close()
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        replay.flush()
+        replay.close()
+    return rows
+
+
+def _bar(progress: bool, total: int, desc: str):
+    if not progress:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover
+        return None
+    return tqdm(total=total, desc=desc, unit="step", mininterval=2.0, leave=False)
+
+
+def _write(out: Path, cfg: ApexConfig, rows: list[dict], replay: ShardedReplay) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    cols = (*METRICS, *EXTRA_METRICS)
+    tmp = out / "metrics.csv.tmp"
+    with open(tmp, "w") as f:
+        f.write(",".join(cols) + "\n")
+        for row in rows:
+            f.write(",".join(f"{row[k]:.6g}" if isinstance(row[k], float) else str(row[k]) for k in cols) + "\n")
+    os.replace(tmp, out / "metrics.csv")
+    v = versions()
+    v["ray"] = ray.__version__
+    payload = {"config": dataclasses.asdict(cfg), "versions": v,
+               "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": cfg.device,
+                           "ray_resources": {k: float(x) for k, x in ray.cluster_resources().items()
+                                             if k in ("CPU", "GPU", "memory")},
+                           "ray_nodes": len(ray.nodes())},
+               "shard_restarts": replay.restarts}
+    (out / "config.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")

@@ -1,0 +1,613 @@
+"""Sharded prioritized replay on Ray actors: K ordinary :class:`perx.ReplayBuffer` shards sampled as one.
+
+Exact global sampling (Ape-X's central replay, Horgan et al. 2018, split over K processes). Shard k holds
+masses m_i (p_i^alpha for ``perx.Proportional``/``perx.LAP``, 1 for ``perx.Uniform``) summing to M_k. A
+batch of B draws is split between the shards in proportion q_k = M_k / M (M = sum_k M_k): stratified over
+the global mass (one point in each of B equal ranges of [0, M), as in 000 App. B.2.1) when the sampler is
+stratified, else multinomial. Shard k then draws its n_k transitions with its own sampler, P(i | k) =
+m_i / M_k, so each draw's probability is
+
+    P(i) = q_k * m_i / M_k = m_i / M                    (000 eq. 1 over the union)
+
+and the IS weights use the union's N and minimum: w_i = (N P(i))^-beta / max_j (N P(j))^-beta =
+(P(i) / P_min)^-beta with P_min = min_k q_k * min_k(m) / M_k (000 Sec. 3.4). ``batch.probabilities`` and
+``batch.weights`` are computed from the q_k actually used and the masses each shard reports as it samples,
+so they are exact for the distribution the batch was drawn from; that distribution is the union's P(i)
+whenever the totals used for q_k are current (always for :meth:`ShardedReplay.sample`, which reads them
+first, when no one writes concurrently; one round old for :meth:`ShardedReplay.sample_async`).
+
+Ids are global: ``local_id << 20 | incarnation << 10 | shard`` (int64, up to 1024 shards), so an update
+finds its shard, and the shard's own buffer skips stale ids after wrap-around exactly as one buffer does.
+A shard that is restarted restores its last checkpoint (``perx.ReplayBuffer.save``/``load``, atomic) and
+starts a new incarnation: ids it issued after that checkpoint were lost with the process and will be
+issued again to new transitions, so updates that carry them are skipped as stale (counted as such).
+
+Rank-based sampling is not offered: its P(i) depends on i's rank among all N priorities of the union, so
+the shards would need a global order statistic (every shard's count of priorities above each of its own,
+i.e. a distributed merge of K sorted priority lists per update, or a shared approximate quantile sketch
+to place the union's B segment boundaries; see docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+
+from perx import Batch, Proportional, ReplayBuffer, Sampler, Uniform
+
+SHARD_BITS = 10
+INCARNATION_BITS = 10
+MAX_SHARDS = 1 << SHARD_BITS
+_SHARD_MASK = MAX_SHARDS - 1
+_INC_MASK = (1 << INCARNATION_BITS) - 1
+_LOCAL_SHIFT = SHARD_BITS + INCARNATION_BITS
+
+
+def encode_ids(local: np.ndarray, incarnation: int, shard: int) -> np.ndarray:
+    """Global ids of a shard's local ids (int64 [n])."""
+    return (local << _LOCAL_SHIFT) | ((incarnation & _INC_MASK) << SHARD_BITS) | shard
+
+
+def decode_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(local ids, incarnations mod 1024, shards) of global ids (int64 [n] each)."""
+    return ids >> _LOCAL_SHIFT, (ids >> SHARD_BITS) & _INC_MASK, ids & _SHARD_MASK
+
+
+def _short(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def as_index_array(values: object, name: str) -> np.ndarray:
+    """int64 [n] ids (integers only, no bools or floats), else ValueError naming ``name``."""
+    arr = np.asarray(values)
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise ValueError(f"{name}: expected a 1-d array of integer ids, got {_short(values)}")
+    return arr.astype(np.int64, copy=False)
+
+
+def as_value_array(values: object, name: str, length: int) -> np.ndarray:
+    """float64 [length] finite values, else ValueError naming ``name``."""
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: expected {length} numbers, got {_short(values)}") from None
+    if arr.shape != (length,) or not np.isfinite(arr).all():
+        raise ValueError(f"{name}: expected {length} finite numbers, got {_short(values)}")
+    return arr
+
+
+def check_batch_size(batch_size: object) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
+        raise ValueError(f"batch_size: an int > 0, got {_short(batch_size)}")
+    return int(batch_size)
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    # write-then-rename, so a crash never leaves half a file behind
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
+
+
+def check_sampler(sampler: object) -> Sampler:
+    if sampler is None:
+        return Uniform()
+    if not isinstance(sampler, (Uniform, Proportional)) or type(sampler) not in (Uniform, Proportional):
+        raise ValueError(
+            f"sampler: ShardedReplay combines shards by their mass totals, which needs P(i) = mass_i / sum: "
+            f"perx.Uniform, perx.Proportional or perx.LAP; got {_short(sampler)} (rank-based sampling would need "
+            f"a global rank of every priority across shards, see docs/distributed.md)")
+    if sampler.capacity is not None:
+        raise ValueError(f"sampler: pass an unbound sampler (a prototype copied into every shard), got {sampler!r} "
+                         f"which already belongs to a buffer")
+    return sampler
+
+
+class Shard:
+    """One replay shard: an ordinary :class:`perx.ReplayBuffer`, global ids, and checkpoints.
+
+    Runs inside a Ray actor (:class:`ShardedReplay` creates them), or in-process for tests. Every reply
+    carries :meth:`stats`, so the learner always knows the shard's latest totals without asking.
+
+    Args:
+        index: this shard's number k in [0, num_shards).
+        capacity: transitions kept by this shard (the oldest overwritten first).
+        sampler: an unbound sampler; this shard uses a copy.
+        seed: seed of the shard's sampler.
+        checkpoint_dir: folder of ``shard-<k>.perx`` (the buffer's checkpoint); None: no checkpoints, and a
+            restarted shard starts empty.
+        checkpoint_every: save after every this many added transitions (0: only on :meth:`checkpoint`).
+        resume: start from the files in ``checkpoint_dir`` (a new job continuing an old one).
+        job: a token naming the job (``ShardedReplay`` draws one). A shard that finds its own job's
+            ``shard-<k>.json`` was restarted by Ray: it restores its checkpoint in a new incarnation.
+        meta_dir: where ``shard-<k>.json`` (incarnations) lives: ``checkpoint_dir``, else a folder under the
+            node's temporary directory, so a shard knows it restarted even without checkpoints.
+    """
+
+    def __init__(self, index: int, capacity: int, sampler: Sampler, *, seed: int | None = None,
+                 checkpoint_dir: str | None = None, checkpoint_every: int = 0, resume: bool = False,
+                 job: str = "", meta_dir: str | None = None) -> None:
+        self.index = int(index)
+        self.checkpoint_every = int(checkpoint_every)
+        self.job = job
+        self.incarnation = 0
+        #: [incarnation, next local id of the checkpoint it restored] for every restore, oldest first
+        self.restores: list[list[int]] = []
+        self._path = None
+        if checkpoint_dir is not None:
+            Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            self._path = Path(checkpoint_dir) / f"shard-{self.index}.perx"
+        meta_dir = checkpoint_dir if checkpoint_dir is not None else meta_dir
+        self._meta_path = None
+        if meta_dir is not None:
+            Path(meta_dir).mkdir(parents=True, exist_ok=True)
+            self._meta_path = Path(meta_dir) / f"shard-{self.index}.json"
+        meta = None
+        if self._meta_path is not None and self._meta_path.exists():
+            meta = json.loads(self._meta_path.read_text())
+            if not (resume or (job and meta.get("job") == job)):
+                meta = None  # another job's files: start fresh
+        buf = None
+        if meta is not None:
+            self.incarnation = int(meta["incarnation"]) + 1
+            self.restores = [list(map(int, r)) for r in meta["restores"]][-_INC_MASK:]
+            if "capacity" in meta:  # the configuration of the last reset() wins over the arguments
+                capacity = int(meta["capacity"])
+                sampler = Sampler.registry[meta["sampler"]](**meta["config"])
+                seed = meta.get("seed")
+            if self._path is not None and self._path.exists():
+                buf = ReplayBuffer.load(self._path)  # the checkpoint holds its own capacity and sampler
+            self.restores.append([self.incarnation, 0 if buf is None else buf.next_index])
+        else:
+            if self._path is not None and self._path.exists() and not resume:
+                self._path.unlink()  # a fresh job: an old checkpoint must not be restored later by mistake
+            if _restarted():
+                # restarted where its incarnation file is not (another node, no shared folder): an
+                # incarnation no earlier id can carry, with restore point 0, makes every old id stale
+                self.incarnation = int.from_bytes(os.urandom(2), "little") % _INC_MASK + 1
+                self.restores = [[self.incarnation, 0]]
+        self.restored_from = None if buf is None else str(self._path)
+        if buf is None:
+            buf = ReplayBuffer(capacity, copy.deepcopy(sampler), seed=seed)
+        self.buffer = buf
+        self._config = {"capacity": buf.capacity, "sampler": buf.sampler.name, "config": buf.sampler.config(),
+                        "seed": seed}
+        self._since_checkpoint = 0
+        self.checkpoints = 0
+        #: Bumped by every change, so the learner can order replies that arrive out of order.
+        self.version = 0
+        self.started = time.time()
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        if self._meta_path is None:
+            return
+        meta = {"job": self.job, "incarnation": self.incarnation, "restores": self.restores, **self._config}
+        _write_json(self._meta_path, meta)
+
+    # -- facts ---------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """size, next local id, mass totals (sum, min), incarnation, and the last restore point."""
+        buf = self.buffer
+        total, smallest = buf.mass_totals()
+        return {"shard": self.index, "size": len(buf), "next_id": buf.next_index, "total": total, "min": smallest,
+                "incarnation": self.incarnation, "restored_next_id": self.restores[-1][1] if self.restores else None,
+                "checkpoints": self.checkpoints, "version": self.version}
+
+    # -- writing -------------------------------------------------------------------------------------
+    def add(self, data: Mapping[str, np.ndarray], td_errors: np.ndarray | None = None,
+            priorities: np.ndarray | None = None, *, return_ids: bool = False) -> dict[str, Any]:
+        """Store a batch of transitions (axis 0), at maximal priority or at the priorities of their TD
+        errors (computed by the actor, as in Ape-X) or raw priorities. Returns the stats (and the new
+        global ids under ``"ids"`` with ``return_ids``)."""
+        if td_errors is not None and priorities is not None:
+            raise ValueError("td_errors, priorities: give one or neither")
+        buf = self.buffer
+        values = td_errors if td_errors is not None else priorities
+        if values is not None:
+            # validate before storing, so a bad value leaves the shard as it was
+            n = len(next(iter(data.values())))
+            values = as_value_array(values, "td_errors" if td_errors is not None else "priorities", length=n)
+            if priorities is not None and (values < 0).any():
+                raise ValueError(f"priorities: must be >= 0, got {_short(values)}")
+            sampler = buf.sampler
+            if isinstance(sampler, Proportional) and len(values):
+                p = values if priorities is not None else sampler.priority(values)
+                if not p.max() <= sampler.max_accepted_priority:
+                    raise ValueError(f"{'priorities' if priorities is not None else 'td_errors'}: priority "
+                                     f"{float(p.max())!r} exceeds the largest accepted, "
+                                     f"{sampler.max_accepted_priority!r}")
+        ids = buf.extend(**data)
+        if values is not None and not isinstance(buf.sampler, Uniform):
+            if td_errors is not None:
+                buf.update_priorities(ids, values)
+            else:
+                buf.set_priorities(ids, values)
+        self._since_checkpoint += len(ids)
+        self.version += 1
+        if self.checkpoint_every and self._since_checkpoint >= self.checkpoint_every:
+            self.checkpoint()
+        out = self.stats()
+        if return_ids:
+            out["ids"] = encode_ids(ids, self.incarnation, self.index)
+        return out
+
+    def checkpoint(self) -> str | None:
+        """Save the buffer atomically to ``shard-<k>.perx``; returns the path (None without a folder)."""
+        if self._path is None:
+            return None
+        self.buffer.save(self._path)
+        self._since_checkpoint = 0
+        self.checkpoints += 1
+        return str(self._path)
+
+    # -- sampling and priorities -----------------------------------------------------------------------
+    def sample(self, n: int) -> tuple[dict[str, np.ndarray] | None, np.ndarray, np.ndarray, dict[str, Any]]:
+        """n draws from this shard's sampler: (fields, global ids, P(i | shard), stats); n may be 0."""
+        if n == 0 or not self.buffer.mass_totals()[0] > 0.0:  # empty, or every priority 0
+            return None, np.empty(0, np.int64), np.empty(0), self.stats()
+        batch = self.buffer.sample(n, beta=0.0)  # the learner computes the global IS weights
+        return batch.data, encode_ids(batch.indices, self.incarnation, self.index), batch.probabilities, self.stats()
+
+    def update(self, ids: np.ndarray, values: np.ndarray, raw: bool = False) -> tuple[int, int, dict[str, Any]]:
+        """Apply TD errors (or raw priorities) of this shard's global ids; returns (applied, skipped, stats).
+
+        Skipped: ids overwritten since they were sampled (the buffer's stale check), and ids of an older
+        incarnation at or beyond the checkpoint it was restored from (they now name other transitions).
+        """
+        ids = as_index_array(ids, "indices")
+        values = as_value_array(values, "priorities" if raw else "td_errors", length=len(ids))
+        local, inc, shard = decode_ids(ids)
+        if (shard != self.index).any():
+            raise ValueError(f"indices: id {int(ids[shard != self.index][0])} belongs to shard "
+                             f"{int(shard[shard != self.index][0])}, not {self.index}")
+        keep = self._valid_incarnation(local, inc)
+        local, values = local[keep], values[keep]
+        applied = self.buffer.set_priorities(local, values) if raw else self.buffer.update_priorities(local, values)
+        self.version += 1
+        return applied, len(ids) - applied, self.stats()
+
+    def _valid_incarnation(self, local: np.ndarray, inc: np.ndarray) -> np.ndarray:
+        keep = inc == (self.incarnation & _INC_MASK)
+        for e in np.unique(inc[~keep]):
+            # the latest incarnation numbered e (mod 1024) before this one issued these ids; they still
+            # name the same transitions if they are older than every restore point since then
+            full = self.incarnation - ((self.incarnation - int(e)) & _INC_MASK)
+            limit = min([r for i, r in self.restores if i > full], default=0) if full >= 0 else 0
+            mask = inc == e
+            keep[mask] = local[mask] < limit
+        return keep
+
+    def reset(self, capacity: int, sampler: Sampler, seed: int | None = None) -> dict[str, Any]:
+        """Start over with an empty buffer (same actor): a new incarnation whose restore point is 0, so
+        every id issued before is stale; the checkpoint file is removed."""
+        buf = ReplayBuffer(capacity, copy.deepcopy(sampler), seed=seed)
+        self.buffer = buf
+        self._config = {"capacity": capacity, "sampler": sampler.name, "config": sampler.config(), "seed": seed}
+        self.incarnation += 1
+        self.restores.append([self.incarnation, 0])
+        self.restored_from = None
+        self._since_checkpoint = 0
+        self.version += 1
+        if self._path is not None and self._path.exists():
+            self._path.unlink()
+        self._write_meta()
+        return self.stats()
+
+    def ping(self) -> int:
+        return self.index
+
+
+def _restarted() -> bool:
+    """Whether this process is a Ray actor that Ray restarted (False outside an actor; never starts Ray)."""
+    if not ray.is_initialized():
+        return False
+    ctx = ray.get_runtime_context()
+    return ctx.worker.mode == ray.WORKER_MODE and bool(ctx.was_current_actor_reconstructed)
+
+
+class ShardedReplay:
+    """A replay memory of ``num_shards`` Ray actors, each a :class:`Shard`, sampled as one buffer.
+
+    Args:
+        num_shards: K >= 1 actors.
+        capacity: total transitions kept (each shard keeps capacity / K, rounded up).
+        sampler: an unbound ``perx.Uniform()``, ``perx.Proportional(...)`` or ``perx.LAP(...)``; every
+            shard gets a copy (default uniform).
+        seed: seeds the split of each batch between the shards and the shards' samplers.
+        checkpoint_dir / checkpoint_every / resume: see :class:`Shard`; a shard that dies is restarted by
+            Ray (``max_restarts``) and restores its last checkpoint; calls in flight are retried.
+        max_restarts: how often Ray restarts a shard (-1: always).
+        num_cpus: CPUs Ray reserves for each shard actor (they mostly wait; default 0).
+
+    The learner's side: :meth:`sample` (reads the totals, then samples: the union's exact P(i)),
+    :meth:`sample_async` (pipelined: keep several in flight), :meth:`update_priorities` (sent without
+    waiting). Actors write straight to a shard: ``replay.shards[k].add.remote(fields, td_errors)``.
+    Every sample must be called from one process (the learner); any process may add.
+    """
+
+    def __init__(self, num_shards: int, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None,
+                 checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, resume: bool = False,
+                 max_restarts: int = -1, num_cpus: float = 0.0) -> None:
+        if type(num_shards) is not int or not 1 <= num_shards <= MAX_SHARDS:
+            raise ValueError(f"num_shards: an int in [1, {MAX_SHARDS}], got {_short(num_shards)}")
+        if type(capacity) is not int or capacity < num_shards:
+            raise ValueError(f"capacity: an int >= num_shards ({num_shards}), got {_short(capacity)}")
+        if type(checkpoint_every) is not int or checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every: an int >= 0, got {_short(checkpoint_every)}")
+        self.prototype = check_sampler(sampler)
+        if not ray.is_initialized():
+            raise RuntimeError("ShardedReplay: call ray.init(...) first (a local cluster or address=...)")
+        self.num_shards = num_shards
+        seeds = self._configure(capacity, seed)
+        folder = None if checkpoint_dir is None else str(Path(checkpoint_dir).resolve())
+        #: This replay's token: a shard that finds files of its own job knows Ray restarted it.
+        self.job = os.urandom(8).hex()
+        meta_dir = str(Path(tempfile.gettempdir()) / "perx-shards" / self.job)
+        actor = ray.remote(Shard).options(max_restarts=max_restarts, max_task_retries=-1, num_cpus=num_cpus)
+        #: The shard actors' handles: writers call ``shards[k].add.remote(fields, td_errors)``.
+        self.shards = [actor.remote(k, self.shard_capacity, self.prototype, seed=seeds[k], checkpoint_dir=folder,
+                                    checkpoint_every=checkpoint_every, resume=resume, job=self.job,
+                                    meta_dir=meta_dir)
+                       for k in range(num_shards)]
+        self._stats: list[dict[str, Any] | None] = [None] * num_shards
+        self._updates: list[tuple[int, Any]] = []
+        #: Counts of priority updates the shards applied and skipped as stale (from replies received).
+        self.applied = 0
+        self.skipped = 0
+        #: Update calls lost with a shard that was not restarted, and calls a shard refused.
+        self.lost_updates = 0
+        self.failed_updates = 0
+        #: One record per shard restart seen: shard, incarnation, the checkpoint's next id, and how many
+        #: transitions the learner had seen that the checkpoint lacks (a lower bound of what was lost).
+        self.restarts: list[dict[str, Any]] = []
+        self.refresh()
+
+    def _configure(self, capacity: int, seed: int | None) -> list[int]:
+        self.shard_capacity = -(-capacity // self.num_shards)
+        seeds = np.random.SeedSequence(seed).spawn(self.num_shards + 1)
+        self._rng = np.random.default_rng(seeds[0])
+        cfg = self.prototype.config()
+        self.stratified = bool(cfg.get("stratified", False))
+        self.importance_sampling = isinstance(self.prototype, Proportional) and self.prototype.importance_sampling
+        self.batch_normalized = cfg.get("normalize") == "batch"
+        return [int(s.generate_state(1)[0]) for s in seeds[1:]]
+
+    def reset(self, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None) -> None:
+        """Empty every shard and start over with a new capacity and sampler, on the same actors (no new
+        processes). Ids issued before are stale afterwards; counters and restart records are cleared."""
+        if type(capacity) is not int or capacity < self.num_shards:
+            raise ValueError(f"capacity: an int >= num_shards ({self.num_shards}), got {_short(capacity)}")
+        sampler = check_sampler(sampler)
+        self.flush()
+        self.prototype = sampler
+        seeds = self._configure(capacity, seed)
+        replies = ray.get([sh.reset.remote(self.shard_capacity, sampler, seeds[k]) for k, sh in enumerate(self.shards)])
+        self._stats = list(replies)
+        self.applied = self.skipped = self.lost_updates = self.failed_updates = 0
+        self.restarts = []
+
+    # -- totals --------------------------------------------------------------------------------------
+    def _note(self, stats: dict[str, Any]) -> None:
+        k = stats["shard"]
+        old = self._stats[k]
+        if old is not None and stats["incarnation"] > old["incarnation"]:
+            restored = stats["restored_next_id"] or 0
+            self.restarts.append({"shard": k, "incarnation": stats["incarnation"], "restored_next_id": restored,
+                                  "restarts": stats["incarnation"] - old["incarnation"],
+                                  "seen_next_id": old["next_id"],
+                                  "lost_at_least": max(0, old["next_id"] - restored), "time": time.time()})
+        # replies can arrive out of order (updates are collected late): keep the newest state
+        if old is None or (stats["incarnation"], stats["version"]) >= (old["incarnation"], old["version"]):
+            self._stats[k] = stats
+
+    def refresh(self) -> list[dict[str, Any]]:
+        """Read every shard's stats now (one round trip); returns them."""
+        for stats in _get_retrying(lambda k: self.shards[k].stats.remote(), range(self.num_shards)):
+            self._note(stats)
+        return list(self._stats)
+
+    def __len__(self) -> int:
+        """Transitions stored, as of the latest replies."""
+        return sum(s["size"] for s in self._stats)
+
+    @property
+    def stats(self) -> list[dict[str, Any]]:
+        """The latest stats of every shard (as of the last reply from each)."""
+        return list(self._stats)
+
+    # -- sampling ------------------------------------------------------------------------------------
+    def _counts(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        totals = np.array([s["total"] for s in self._stats])
+        grand = totals.sum()
+        if not grand > 0.0:
+            raise ValueError("sample: the replay is empty (or every priority is 0); add transitions first")
+        if self.stratified:  # one point in each of B equal ranges of the global mass (000 App. B.2.1)
+            points = (np.arange(batch_size) + self._rng.random(batch_size)) * (grand / batch_size)
+        else:
+            points = self._rng.random(batch_size) * grand
+        k = np.searchsorted(np.cumsum(totals), points, side="right")
+        k = np.minimum(k, np.flatnonzero(totals > 0)[-1])  # rounding at the top end
+        return np.bincount(k, minlength=self.num_shards), totals / grand
+
+    def sample_async(self, batch_size: int, beta: float = 1.0) -> PendingBatch:
+        """Start drawing a batch; ``.result()`` returns the :class:`perx.Batch`. Keep a few in flight.
+
+        The split between shards uses the totals of the latest replies (one round old when pipelined).
+        """
+        batch_size = check_batch_size(batch_size)
+        beta = _check_beta(beta)
+        counts, q = self._counts(batch_size)
+        refs = [self.shards[k].sample.remote(int(counts[k])) for k in range(self.num_shards)]
+        return PendingBatch(self, refs, counts, q, beta)
+
+    def sample(self, batch_size: int, beta: float = 1.0) -> Batch:
+        """Read the shards' totals, then draw a batch: ``batch.probabilities`` are the union's P(i) =
+        m_i / sum of all masses and ``batch.weights`` its IS weights (000 eq. 1 and Sec. 3.4), when no
+        one writes between the two round trips."""
+        self.refresh()
+        return self.sample_async(batch_size, beta).result()
+
+    def _assemble(self, replies: Sequence[tuple], counts: np.ndarray, q: np.ndarray, beta: float) -> Batch:
+        datas, ids, probs, p_min = [], [], [], np.inf
+        for k, (data, gids, local_p, stats) in enumerate(replies):
+            self._note(stats)
+            if q[k] > 0.0 and stats["total"] > 0.0:
+                p_min = min(p_min, q[k] * stats["min"] / stats["total"])
+            if data is not None:
+                datas.append(data)
+                ids.append(gids)
+                probs.append(q[k] * local_p)
+        if not datas:  # every shard chosen was emptied by a restart without a checkpoint
+            raise ValueError("sample: the shards chosen had nothing stored (restarted without a checkpoint?)")
+        data = {name: np.concatenate([d[name] for d in datas]) for name in datas[0]}
+        p = np.concatenate(probs)
+        if self.importance_sampling and beta > 0.0:
+            ref = p.min() if self.batch_normalized else p_min
+            # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (P_i / P_min)^-beta (000 Sec. 3.4)
+            weights = np.exp(-beta * (np.log(p) - np.log(ref)))
+        else:
+            weights = np.ones(len(p))
+        return Batch(data, np.concatenate(ids), weights, p)
+
+    # -- priorities ----------------------------------------------------------------------------------
+    def update_priorities(self, indices, td_errors, *, raw: bool = False, wait: bool = False) -> int | None:
+        """Send new TD errors (or raw priorities with ``raw``) of sampled ids to their shards, without
+        waiting (``wait=True`` waits and returns how many were applied). Stale ids are skipped by the
+        shards and counted in :attr:`skipped`. Bad values raise here, before anything is sent."""
+        ids = as_index_array(indices, "indices")
+        values = as_value_array(td_errors, "priorities" if raw else "td_errors", length=len(ids))
+        if raw and (values < 0).any():
+            raise ValueError(f"priorities: must be >= 0, got {_short(values)}")
+        if (ids < 0).any():
+            raise ValueError(f"indices: ids are >= 0, got {_short(ids)}")
+        shard = ids & _SHARD_MASK
+        if len(ids) and shard.max() >= self.num_shards:
+            raise ValueError(f"indices: id {int(ids[shard >= self.num_shards][0])} names shard "
+                             f"{int(shard[shard >= self.num_shards][0])} of {self.num_shards}")
+        order = np.argsort(shard, kind="stable")  # keeps each shard's updates in order: the last one wins
+        bounds = np.searchsorted(shard[order], np.arange(self.num_shards + 1))
+        for k in range(self.num_shards):
+            part = order[bounds[k]:bounds[k + 1]]
+            if len(part):
+                ref = self.shards[k].update.remote(ids[part], values[part], raw)
+                self._updates.append((k, ref))
+        if wait:
+            before = self.applied
+            self.flush()
+            return self.applied - before
+        self._collect_updates(block=False)
+        return None
+
+    def _collect_updates(self, block: bool) -> None:
+        if not self._updates:
+            return
+        refs = [r for _, r in self._updates]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=None if block else 0)
+        if not ready:
+            return
+        done = set(ready)
+        self._updates = [(k, ref) for k, ref in self._updates if ref not in done]
+        error = None
+        for ref in ready:
+            try:
+                applied, skipped, stats = ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                self.lost_updates += 1  # the shard died for good with the update (no restarts left)
+                continue
+            except ray.exceptions.RayTaskError as err:  # e.g. an id that was never issued
+                self.failed_updates += 1
+                error = error or err
+                continue
+            self.applied += applied
+            self.skipped += skipped
+            self._note(stats)
+        if error is not None:  # raised once, after every reply received has been accounted for
+            raise ValueError(f"update_priorities: a shard refused an update: {error.cause!r}") from error
+
+    def flush(self) -> None:
+        """Wait for every priority update sent so far."""
+        self._collect_updates(block=True)
+
+    def checkpoint(self) -> list[str | None]:
+        """Every shard saves its buffer now (atomic); returns the paths."""
+        return ray.get([s.checkpoint.remote() for s in self.shards])
+
+    def add(self, shard: int | None = None, td_errors=None, priorities=None, **fields: Any) -> np.ndarray:
+        """Store a batch of transitions in one shard (round-robin when ``shard`` is None) and wait;
+        returns their global ids. Actors should call the shard actors directly, without waiting."""
+        if shard is None:
+            shard = self._next_shard = (getattr(self, "_next_shard", -1) + 1) % self.num_shards
+        stats = ray.get(self.shards[shard].add.remote(fields, td_errors, priorities, return_ids=True))
+        ids = stats.pop("ids")
+        self._note(stats)
+        return ids
+
+    def close(self) -> None:
+        """Kill the shard actors (their checkpoints stay on disk)."""
+        self.flush()
+        for s in self.shards:
+            ray.kill(s, no_restart=True)
+
+
+class PendingBatch:
+    """A batch being drawn by the shards; :meth:`result` waits for it."""
+
+    def __init__(self, replay: ShardedReplay, refs: list, counts: np.ndarray, q: np.ndarray, beta: float) -> None:
+        self.replay, self.refs, self.counts, self.q, self.beta = replay, refs, counts, q, beta
+
+    def ready(self) -> bool:
+        ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        return len(ready) == len(self.refs)
+
+    def result(self) -> Batch:
+        replay = self.replay
+        replies = _get_retrying(lambda k: replay.shards[k].sample.remote(int(self.counts[k])),
+                                range(replay.num_shards), first=self.refs)
+        if any(len(r[1]) < c for r, c in zip(replies, self.counts, strict=True)):
+            # a shard chosen by the split had lost its mass (restarted empty, or priorities set to 0):
+            # its draws cannot be made, and dropping them would bias the rest, so the batch is drawn again
+            # from fresh totals
+            for r in replies:
+                replay._note(r[3])
+            return replay.sample(int(self.counts.sum()), self.beta)
+        return replay._assemble(replies, self.counts, self.q, self.beta)
+
+
+def _get_retrying(submit, keys, first: list | None = None, attempts: int = 50) -> list:
+    """ray.get of one call per key; a call whose actor was unavailable (restarting) is submitted again."""
+    keys = list(keys)
+    refs = list(first) if first is not None else [submit(k) for k in keys]
+    out: list[Any] = [None] * len(keys)
+    todo = list(range(len(keys)))
+    for attempt in range(attempts):
+        failed = []
+        for i in todo:
+            try:
+                out[i] = ray.get(refs[i])
+            except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+                failed.append(i)
+        if not failed:
+            return out
+        time.sleep(min(0.05 * 2 ** attempt, 1.0))
+        for i in failed:
+            refs[i] = submit(keys[i])
+        todo = failed
+    raise RuntimeError(f"ShardedReplay: shards {[keys[i] for i in todo]} stayed unavailable after {attempts} tries")
+
+
+def _check_beta(beta: object) -> float:
+    if isinstance(beta, bool) or not isinstance(beta, (int, float, np.floating, np.integer)) \
+            or not 0.0 <= float(beta) <= 1.0:
+        raise ValueError(f"beta: a number in [0, 1], got {_short(beta)}")
+    return float(beta)

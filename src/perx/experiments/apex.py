@@ -1,0 +1,61 @@
+"""``perx apex``: Ape-X Double DQN on a local Ray instance or an existing cluster (:mod:`perx.distributed.apex`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None, prog: str = "perx apex") -> int:
+    from perx.distributed.apex import ApexConfig
+    from perx.experiments.study import parse_overrides, run_dir
+
+    d = ApexConfig()
+    parser = argparse.ArgumentParser(prog=prog, description="Ape-X Double DQN on Ray: N actors with local "
+                                     "priorities, K replay shards sampled as one buffer, one learner.")
+    parser.add_argument("--env", default=d.env_id, help="CartPole-v1 or a MinAtar game (MinAtar/Breakout-v0)")
+    parser.add_argument("--variant", default=d.variant, choices=["uniform", "per", "lap"])
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--steps", type=int, default=None, help=f"environment steps over all actors ({d.total_steps})")
+    parser.add_argument("--actors", type=int, default=d.num_actors)
+    parser.add_argument("--shards", type=int, default=d.num_shards)
+    parser.add_argument("--checkpoint-every", type=int, default=10_000,
+                        help="a shard checkpoints after this many added transitions (0: never)")
+    parser.add_argument("--address", default=None,
+                        help="join an existing Ray cluster (e.g. 'auto' or 'ray://head:10001'); default: start a "
+                             "local one")
+    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray instance (default: all)")
+    parser.add_argument("--out", default="results/apex", help="output folder (env/variant/seed=N below it)")
+    parser.add_argument("--kill-shard-at", type=int, default=None,
+                        help="fault drill: kill shard 0 at this step; Ray restarts it from its checkpoint")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="any ApexConfig field")
+    args = parser.parse_args(argv)
+    extra = parse_overrides(args.set, ApexConfig)
+    if args.steps is not None:
+        extra["total_steps"] = args.steps
+    cfg = ApexConfig(env_id=args.env, variant=args.variant, seed=args.seed, num_actors=args.actors,
+                     num_shards=args.shards, checkpoint_every=args.checkpoint_every, **extra)
+    out = run_dir(Path(args.out), cfg.env_id, f"apex-{cfg.variant}", cfg.seed)
+
+    import ray
+
+    from perx.distributed.apex import train
+
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    if args.address:
+        ray.init(address=args.address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    t = time.time()
+    try:
+        rows = train(cfg, out, progress=not args.no_progress, kill_shard_at=args.kill_shard_at)
+    finally:
+        ray.shutdown()
+    last = rows[-1]
+    print(f"apex {cfg.env_id} {cfg.variant}: final evaluation return {last['eval_return']:.1f} at step "
+          f"{last['step']:,} ({last['updates']:,} learner updates, {time.time() - t:.0f} s; "
+          f"shard restarts {last['shard_restarts']}, actor restarts {last['actor_restarts']}); wrote {out}")
+    return 0

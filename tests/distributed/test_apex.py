@@ -1,0 +1,57 @@
+"""Ape-X pieces: the exploration schedule, n-step transitions, and a short run on CartPole with faults."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("gymnasium")
+ray = pytest.importorskip("ray")
+
+from perx.distributed.apex import ApexConfig, NStep, actor_epsilon, build_network, evaluate, train  # noqa: E402
+
+
+def test_actor_epsilons_follow_apex_schedule():
+    eps = [actor_epsilon(i, 8) for i in range(8)]
+    np.testing.assert_allclose(eps, 0.4 ** (1 + 7 * np.arange(8) / 7))
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4 ** 8)
+    assert actor_epsilon(0, 1) == 0.4
+
+
+def test_nstep_returns_and_discounts_inside_an_episode():
+    ns = NStep(3, 0.5)
+    assert ns.step("s0", 0, 1.0, "s1", False, False) == []
+    assert ns.step("s1", 1, 2.0, "s2", False, False) == []
+    (t,) = ns.step("s2", 0, 4.0, "s3", False, False)
+    assert t == ("s0", 0, 1.0 + 0.5 * 2.0 + 0.25 * 4.0, 0.125, "s3")
+
+
+def test_nstep_termination_stops_bootstrapping_for_every_window():
+    ns = NStep(3, 0.5)
+    ns.step("s0", 0, 1.0, "s1", False, False)
+    out = ns.step("s1", 1, 2.0, "s2", True, False)
+    assert out == [("s0", 0, 2.0, 0.0, "s2"), ("s1", 1, 2.0, 0.0, "s2")]
+    assert not ns.window
+
+
+def test_nstep_truncation_bootstraps_from_the_last_observation():
+    ns = NStep(2, 0.5)
+    ns.step("s0", 0, 1.0, "s1", False, False)
+    ns.step("s1", 1, 1.0, "s2", False, False)  # emits s0's window
+    out = ns.step("s2", 0, 1.0, "s3", False, True)
+    assert out == [("s1", 1, 1.5, 0.25, "s3"), ("s2", 0, 1.0, 0.5, "s3")]
+
+
+def test_apex_cartpole_improves_and_survives_a_killed_shard_and_actor(ray_cluster, tmp_path):
+    # seed 1: its untrained network scores ~9 (seed 0's happens to score 83); at replay ratio 32 CartPole
+    # reached 150-210 by 8k steps in each of 6 runs measured (seeds 0-2, two target periods)
+    cfg = ApexConfig(total_steps=8_000, num_actors=2, num_shards=2, learning_starts=500, eval_every=4_000,
+                     eval_episodes=5, checkpoint_every=500, actor_cpus=0.0, seed=1)
+    untrained = evaluate(cfg, build_network(cfg, (4,), 2))
+    rows = train(cfg, tmp_path, progress=False, log=None, kill_shard_at=2_000, kill_actor_at=3_000)
+    last = rows[-1]
+    assert last["step"] >= 8_000 and last["updates"] > 3_000
+    assert last["shard_restarts"] >= 1 and last["actor_restarts"] >= 1
+    assert last["eval_return"] >= max(60.0, untrained + 30.0), (untrained, [r["eval_return"] for r in rows])
+    header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert header[:3] == ["step", "episodes", "eval_return"]
+    assert (tmp_path / "config.json").exists()

@@ -1,0 +1,248 @@
+"""ShardedReplay against the exact distribution of the union of its shards (000 eq. 1 and Sec. 3.4)."""
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import perx
+from perx.distributed import Shard, ShardedReplay, decode_ids, encode_ids
+
+ray = pytest.importorskip("ray")
+
+#: chi-square tests reject at p < 1e-3 (fixed seeds: the tests are deterministic)
+ALPHA_TEST = 1e-3
+
+
+@pytest.fixture(scope="module")
+def shards(ray_cluster, tmp_path_factory):
+    """Three shard actors shared by the tests of this module (each test resets them: starting actors
+    costs seconds, resetting a few milliseconds)."""
+    replay = ShardedReplay(3, 3, checkpoint_dir=tmp_path_factory.mktemp("shards"))
+    yield replay
+    replay.close()
+
+
+def fill(replay, sizes, rng, with_priorities=True):
+    """sizes[k] transitions into shard k; obs holds a unique number; returns {obs: priority}."""
+    prio = {}
+    n = 0
+    for k, size in enumerate(sizes):
+        obs = np.arange(n, n + size, dtype=np.float64)
+        p = rng.uniform(0.05, 3.0, size) if with_priorities else None
+        replay.add(shard=k, priorities=p, obs=obs[:, None], action=np.zeros(size, np.int64))
+        if with_priorities:
+            prio.update(zip(obs.astype(int), p, strict=True))
+        n += size
+    return prio
+
+
+@pytest.mark.parametrize("stratified", [True, False])
+def test_sharded_frequencies_match_union_probabilities(shards, stratified):
+    rng = np.random.default_rng(0)
+    replay = shards
+    replay.reset(300, perx.Proportional(alpha=0.6, stratified=stratified), seed=1)
+    prio = fill(replay, [7, 12, 4], rng)
+    keys = np.array(sorted(prio))
+    mass = np.array([prio[k] for k in keys]) ** 0.6
+    exact = mass / mass.sum()
+    counts = np.zeros(len(keys))
+    draws = 0
+    for _ in range(150):
+        batch = replay.sample(64, beta=0.5)
+        obs = batch["obs"][:, 0].astype(int)
+        np.testing.assert_allclose(batch.probabilities, exact[obs], rtol=1e-12)
+        np.add.at(counts, obs, 1)
+        draws += len(obs)
+    p_value = stats.chisquare(counts, exact * draws).pvalue
+    assert p_value > ALPHA_TEST, p_value
+
+
+def test_uniform_shards_of_unequal_size_sample_one_over_n(shards):
+    replay = shards
+    replay.reset(300, perx.Uniform(), seed=2)
+    fill(replay, [5, 20, 0], np.random.default_rng(0), with_priorities=False)  # one shard empty
+    counts = np.zeros(25)
+    for _ in range(100):
+        batch = replay.sample(50)
+        np.testing.assert_allclose(batch.probabilities, 1 / 25, rtol=1e-12)
+        np.testing.assert_array_equal(batch.weights, 1.0)
+        np.add.at(counts, batch["obs"][:, 0].astype(int), 1)
+    assert stats.chisquare(counts).pvalue > ALPHA_TEST
+
+
+@pytest.mark.parametrize("normalize", ["buffer", "batch"])
+def test_is_weights_equal_the_single_buffer_formula(shards, normalize):
+    rng = np.random.default_rng(3)
+    replay = shards
+    replay.reset(300, perx.Proportional(alpha=0.7, normalize=normalize), seed=4)
+    prio = fill(replay, [6, 9, 5], rng)
+    p_all = np.array([prio[k] for k in sorted(prio)])
+    P = p_all ** 0.7 / (p_all ** 0.7).sum()
+    beta = 0.4
+    for _ in range(5):
+        batch = replay.sample(32, beta=beta)
+        P_b = P[batch["obs"][:, 0].astype(int)]
+        ref = P.min() if normalize == "buffer" else P_b.min()
+        np.testing.assert_allclose(batch.weights, (len(P) * P_b) ** -beta / (len(P) * ref) ** -beta, rtol=1e-12)
+        # and the same numbers as perx's single-buffer helper
+        np.testing.assert_allclose(batch.weights, perx.importance_weights(
+            P_b, len(P), beta, normalize=normalize, min_probability=P.min()), rtol=1e-12)
+
+
+def test_lap_shards_return_unit_weights(shards):
+    replay = shards
+    replay.reset(300, perx.LAP(alpha=0.4, kappa=1.0), seed=5)
+    fill(replay, [4, 6, 2], np.random.default_rng(1))
+    batch = replay.sample(16, beta=0.5)
+    np.testing.assert_array_equal(batch.weights, 1.0)
+
+
+def test_stale_updates_after_wraparound_are_skipped_across_shards(shards):
+    replay = shards
+    replay.reset(12, perx.Proportional(alpha=1.0), seed=6)  # 4 per shard
+    fill(replay, [4, 4, 4], np.random.default_rng(2))
+    old = replay.sample(16).indices
+    # overwrite shard 0 completely: every id sampled from it is stale now
+    replay.add(shard=0, obs=np.full((4, 1), 100.0), action=np.zeros(4, np.int64))
+    applied = replay.update_priorities(old, np.full(len(old), 50.0), wait=True)
+    from_others = int((decode_ids(old)[2] != 0).sum())
+    assert 0 < from_others < len(old)
+    assert applied == from_others and replay.skipped == len(old) - from_others
+    shard0, shard1, _ = replay.refresh()
+    # nothing landed on shard 0's new transitions: they all still hold the same (maximal) priority
+    assert shard0["total"] == pytest.approx(4 * shard0["min"], rel=1e-12) and shard0["min"] < 50.0
+    assert shard1["total"] > shard0["total"]
+
+
+def test_bad_updates_raise_before_anything_is_sent(shards):
+    replay = shards
+    replay.reset(30, perx.Proportional(alpha=0.6), seed=7)
+    fill(replay, [3, 3, 3], np.random.default_rng(4))
+    batch = replay.sample(8)
+    totals = [s["total"] for s in replay.refresh()]
+    with pytest.raises(ValueError, match="td_errors"):
+        replay.update_priorities(batch.indices, np.full(8, np.nan))
+    with pytest.raises(ValueError, match="indices"):
+        replay.update_priorities(batch.indices | 7, np.ones(8))  # shard 7 of 3
+    assert [s["total"] for s in replay.refresh()] == totals
+
+
+def test_rank_based_and_bound_samplers_are_refused(ray_cluster):
+    with pytest.raises(ValueError, match=r"sampler: .*rank"):
+        ShardedReplay(2, 10, perx.RankBased(alpha=0.7))
+    bound = perx.Proportional()
+    perx.ReplayBuffer(4, bound)
+    with pytest.raises(ValueError, match="sampler: pass an unbound"):
+        ShardedReplay(2, 10, bound)
+    with pytest.raises(ValueError, match="num_shards"):
+        ShardedReplay(0, 10)
+
+
+def test_killed_shard_comes_back_with_its_checkpoint_and_sampling_goes_on(shards):
+    replay = shards
+    replay.reset(300, perx.Proportional(alpha=0.6), seed=8)
+    kept = replay.add(shard=0, obs=np.arange(10.0)[:, None], action=np.zeros(10, np.int64))
+    replay.add(shard=1, obs=np.arange(10.0, 15.0)[:, None], action=np.zeros(5, np.int64))
+    replay.checkpoint()
+    lost = replay.add(shard=0, obs=np.arange(20.0, 25.0)[:, None], action=np.zeros(5, np.int64))
+    incarnation = replay.stats[0]["incarnation"]
+    ray.kill(replay.shards[0], no_restart=False)
+    batch = replay.sample(64)  # waits for the restart, then samples the restored shard
+    obs = set(batch["obs"][:, 0].astype(int).tolist())
+    assert not obs & set(range(20, 25))
+    stats0 = replay.refresh()[0]
+    assert stats0["size"] == 10 and stats0["incarnation"] == incarnation + 1
+    assert replay.restarts and replay.restarts[0]["lost_at_least"] == 5
+    # an update of a lost id must not land on the new transition that now has its local id
+    fresh = replay.add(shard=0, obs=np.arange(30.0, 35.0)[:, None], action=np.zeros(5, np.int64))
+    assert (decode_ids(fresh)[0] == decode_ids(lost)[0]).all()
+    applied = replay.update_priorities(np.concatenate([kept, lost]), np.full(15, 9.0), wait=True)
+    assert applied == 10
+    probs = replay.sample(32)
+    by_obs = dict(zip(probs["obs"][:, 0].astype(int).tolist(), probs.probabilities.tolist(), strict=True))
+    p_fresh = [p for o, p in by_obs.items() if o >= 30]
+    p_kept = [p for o, p in by_obs.items() if o < 10]
+    assert p_fresh and p_kept and max(p_fresh) < min(p_kept)  # the fresh ones kept the initial priority 1
+
+
+def test_shard_keeps_ids_of_old_incarnations_before_the_restore_point(tmp_path):
+    shard = Shard(3, 16, perx.Proportional(alpha=1.0), seed=0, checkpoint_dir=str(tmp_path))
+    first = shard.add({"x": np.arange(6.0)}, return_ids=True)["ids"]
+    shard.checkpoint()
+    gone = shard.add({"x": np.arange(6.0, 9.0)}, return_ids=True)["ids"]
+    again = Shard(3, 16, perx.Proportional(alpha=1.0), seed=0, checkpoint_dir=str(tmp_path), resume=True)
+    assert again.incarnation == 1 and len(again.buffer) == 6
+    new = again.add({"x": np.arange(3.0)}, return_ids=True)["ids"]
+    assert (decode_ids(new)[0] == decode_ids(gone)[0]).all() and (new != gone).all()
+    applied, skipped, _ = again.update(np.concatenate([first, gone, new]), np.full(12, 2.0))
+    assert (applied, skipped) == (9, 3)
+    assert (decode_ids(encode_ids(np.array([5]), 1030, 7))[1] == 1030 % 1024).all()
+
+
+def test_shard_restarted_without_checkpoints_makes_every_old_id_stale(tmp_path):
+    # a restart is a second construction that finds its own job's incarnation file
+    first = Shard(0, 16, perx.Proportional(alpha=1.0), job="j", meta_dir=str(tmp_path))
+    old = first.add({"x": np.arange(10.0)}, return_ids=True)["ids"]
+    again = Shard(0, 16, perx.Proportional(alpha=1.0), job="j", meta_dir=str(tmp_path))
+    assert again.incarnation == 1 and len(again.buffer) == 0
+    again.add({"x": np.arange(3.0)})
+    applied, skipped, stats = again.update(old, np.full(10, 50.0))
+    assert (applied, skipped) == (0, 10)
+    assert stats["total"] == pytest.approx(3.0)  # the three new transitions kept priority 1
+    other_job = Shard(0, 16, perx.Proportional(alpha=1.0), job="k", meta_dir=str(tmp_path))
+    assert other_job.incarnation == 0  # another job's files are not a restart
+
+
+def test_shard_with_zero_mass_returns_no_draws():
+    shard = Shard(0, 8, perx.Proportional(alpha=1.0, eps=0.0))
+    ids = shard.add({"x": np.arange(4.0)}, return_ids=True)["ids"]
+    shard.update(ids, np.zeros(4), raw=True)
+    data, got, _, stats = shard.sample(5)
+    assert data is None and len(got) == 0 and stats["total"] == 0.0
+
+
+def test_shard_refuses_a_too_large_priority_before_storing():
+    shard = Shard(0, 8, perx.Proportional(alpha=1.0))
+    with pytest.raises(ValueError, match="priorities"):
+        shard.add({"x": np.arange(2.0)}, priorities=np.array([1.0, 1e308]))
+    assert len(shard.buffer) == 0
+
+
+def test_late_replies_do_not_overwrite_newer_totals():
+    replay = ShardedReplay.__new__(ShardedReplay)  # only the bookkeeping, no actors
+    replay._stats, replay.restarts = [None], []
+    base = {"shard": 0, "size": 4, "next_id": 4, "min": 1.0, "incarnation": 0, "restored_next_id": None,
+            "checkpoints": 0}
+    replay._note({**base, "total": 50.0, "version": 3})
+    replay._note({**base, "total": 80.0, "version": 2})  # an update reply collected late
+    assert replay.stats[0]["total"] == 50.0
+    replay._note({**base, "total": 4.0, "version": 0, "incarnation": 2, "next_id": 1, "restored_next_id": 1})
+    assert replay.stats[0]["total"] == 4.0
+    assert replay.restarts[0]["restarts"] == 2 and replay.restarts[0]["lost_at_least"] == 3
+
+
+def test_pipelined_batches_have_the_union_probabilities_when_nobody_writes(shards):
+    replay = shards
+    replay.reset(300, perx.Proportional(alpha=0.6), seed=9)
+    prio = fill(replay, [5, 8, 3], np.random.default_rng(5))
+    replay.refresh()
+    p = np.array([prio[k] for k in sorted(prio)]) ** 0.6
+    exact = p / p.sum()
+    pending = [replay.sample_async(16, 0.5) for _ in range(3)]
+    for _ in range(5):
+        batch = pending.pop(0).result()
+        np.testing.assert_allclose(batch.probabilities, exact[batch["obs"][:, 0].astype(int)], rtol=1e-12)
+        pending.append(replay.sample_async(16, 0.5))
+
+
+def test_an_update_a_shard_refuses_is_raised_once_and_counted(shards):
+    replay = shards
+    replay.reset(30, perx.Proportional(alpha=0.6), seed=10)
+    ids = replay.add(shard=1, obs=np.zeros((3, 1)), action=np.zeros(3, np.int64))
+    bogus = encode_ids(np.array([10**6]), replay.stats[1]["incarnation"], 1)  # never issued
+    replay.update_priorities(np.concatenate([ids, bogus]), np.ones(4))
+    replay.update_priorities(ids, np.ones(3))
+    with pytest.raises(ValueError, match="refused"):
+        replay.flush()
+    replay.flush()  # accounted for: not raised again
+    assert replay.failed_updates == 1 and replay.applied == 3
