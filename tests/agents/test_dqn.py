@@ -244,6 +244,20 @@ def test_study_labels_carry_the_priority_rule(tmp_path):
     assert group[1].variant == "per" and group[1].priority_rule == "asymmetric"
 
 
+def test_study_grid_seed_order_makes_each_group_a_complete_comparison():
+    from perx.experiments import study
+
+    spec = {"envs": ["CartPole-v1"], "variants": ["uniform", "per", "lap"], "seeds": [0, 1, 2, 3],
+            "order": "seeds", "group": 6, "config": {"total_steps": 10}}
+    groups = study.grid(spec)
+    assert [[(study.label(c), c.seed) for c in g] for g in groups] == [
+        [(v, s) for s in (0, 1) for v in ("uniform", "per", "lap")],
+        [(v, s) for s in (2, 3) for v in ("uniform", "per", "lap")]]
+    spec["order"] = "random"
+    with pytest.raises(SystemExit, match="order"):
+        study.grid(spec)
+
+
 def test_study_spec_accepts_rule_variants_and_refuses_unknown_rules(tmp_path):
     import argparse
 

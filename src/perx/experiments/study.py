@@ -95,13 +95,23 @@ def parse_overrides(pairs: list[str], config_class: type = DQNConfig) -> dict[st
 
 
 def grid(spec: dict) -> list[list[Any]]:
-    """The lockstep groups of a study spec, in a fixed order."""
+    """The lockstep groups of a study spec, in a fixed order.
+
+    Runs are listed variant by variant (every seed of the first variant, then the next), or with
+    ``order = "seeds"`` seed by seed (every variant of the first seed, then the next), so that with a
+    group size that is a multiple of the number of variants each finished group is a complete
+    comparison of all variants on some seeds.
+    """
     base = spec.get("config", {})
     config_class, _ = agent(spec.get("agent", "dqn"))
+    order = spec.get("order", "variants")
+    if order not in ("variants", "seeds"):
+        raise SystemExit(f"order: 'variants' or 'seeds', got {order!r}")
     groups = []
     for env_id in spec["envs"]:
-        configs = [config_class(**{**base, "env_id": env_id, **split_label(v), "seed": s})
-                   for v in spec["variants"] for s in spec["seeds"]]
+        pairs = ([(v, s) for v in spec["variants"] for s in spec["seeds"]] if order == "variants"
+                 else [(v, s) for s in spec["seeds"] for v in spec["variants"]])
+        configs = [config_class(**{**base, "env_id": env_id, **split_label(v), "seed": s}) for v, s in pairs]
         size = spec.get("group", len(configs))
         groups += [configs[i:i + size] for i in range(0, len(configs), size)]
     return groups
