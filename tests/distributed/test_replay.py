@@ -5,9 +5,10 @@ import pytest
 from scipy import stats
 
 import perx
-from perx.distributed import Shard, ShardedReplay, decode_ids, encode_ids
 
 ray = pytest.importorskip("ray")
+
+from perx.distributed import Shard, ShardedReplay, decode_ids, encode_ids  # noqa: E402
 
 #: chi-square tests reject at p < 1e-3 (fixed seeds: the tests are deterministic)
 ALPHA_TEST = 1e-3
