@@ -234,6 +234,42 @@ def test_priority_rules_are_built_per_run_and_resume_exactly(tmp_path):
         dqn.Runs([cartpole(variant="per", priority_rule="nonsense")])
 
 
+def test_return_boost_records_each_finished_episode_with_its_returns_to_go():
+    runs = dqn.Runs([cartpole(variant="per", seed=0, priority_rule="return-boost"), cartpole(variant="per", seed=1)])
+    runs.start()
+    ended_steps = 0
+    for _ in range(120):
+        runs.env_step(np.array([runs.rngs[r].integers(2) for r in range(2)]))
+        if not runs.episode_ids[0]:
+            ended_steps = runs.step  # every step so far belongs to a finished episode
+    assert ended_steps > 0
+    boost = runs.prioritizers[0].rules[0]
+    recorded = np.flatnonzero(boost._bonus)
+    # CartPole pays 1 per step: each recorded step's bonus is 0.1 x its discounted return-to-go (> 0)
+    assert len(recorded) == ended_steps and runs.prioritizers[1] is None
+    assert (boost._bonus[recorded] >= 0.1 - 1e-12).all()
+    assert boost._bonus[recorded].max() > 0.1  # an episode's first steps have more than one reward to go
+
+
+def test_staleness_runs_with_rank_and_is_refused_with_proportional():
+    dqn.train([cartpole(variant="rank", seed=0, priority_rule="staleness", total_steps=300)], None, progress=False)
+    with pytest.raises(ValueError, match=r"[Ss]taleness"):
+        dqn.Runs([cartpole(variant="per", priority_rule="staleness")])
+
+
+def test_return_boost_resumes_exactly(tmp_path):
+    cfg = [cartpole(variant="per", seed=0, priority_rule="return-boost")]
+    full, resumed = [], []
+    dqn.train(cfg, [tmp_path / "f"], on_update=lambda s, losses: full.append((s, losses.copy())))
+    dqn.train(cfg, [tmp_path / "c"], stop_after=200)
+    dqn.train(cfg, [tmp_path / "c"], on_update=lambda s, losses: resumed.append((s, losses.copy())))
+    after = [(s, x) for s, x in full if s > 200]
+    assert len(after) == len(resumed) > 0
+    for (s1, l1), (s2, l2) in zip(after, resumed, strict=True):
+        assert s1 == s2
+        np.testing.assert_array_equal(l1, l2)
+
+
 def test_study_labels_carry_the_priority_rule(tmp_path):
     from perx.experiments import study
 

@@ -49,6 +49,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "rank": {"sampler": "rank", "alpha": 0.7, "beta0": 0.5, "loss": "huber", "kappa": 1.0, "lr_scale": 0.25},
     "lap": {"sampler": "lap", "alpha": 0.6, "kappa": 0.01, "loss": "huber", "lr_scale": 1.0},
     "pal": {"sampler": "uniform", "alpha": 0.6, "kappa": 0.01, "loss": "pal", "lr_scale": 1.0},
+    # 000 App. A hybrid minibatches: half of each batch proportional, half uniform, IS weights of the mixture
+    "hybrid": {"sampler": "hybrid", "alpha": 0.6, "beta0": 0.4, "eps": 1e-10, "loss": "huber", "kappa": 1.0,
+               "lr_scale": 0.25},
 }
 
 
@@ -114,7 +117,8 @@ class DQNConfig(VariantConfig):
     """step-size factor of the variant; None: the variant's (1/4 for per and rank)"""
     priority_rule: str | None = None
     """a 000 App. A priority variant between the TD errors and the buffer (perx.priorities): learning-progress,
-    rprop-sign, asymmetric or predecessor; None: |delta| as Algorithm 1"""
+    rprop-sign, asymmetric, predecessor, return-boost, or staleness (with the rank variant); None: |delta| as
+    Algorithm 1"""
     device: str = "cpu"
     """torch device of the networks (cuda where one exists)"""
 
@@ -135,6 +139,10 @@ def make_sampler(cfg: DQNConfig) -> perx.Sampler:
         return perx.Proportional(alpha=s["alpha"], eps=s.get("eps", 1e-6), normalize=s.get("normalize", "buffer"))
     if s["sampler"] == "rank":
         return perx.RankBased(alpha=s["alpha"], normalize=s.get("normalize", "buffer"))
+    if s["sampler"] == "hybrid":
+        prop = perx.Proportional(alpha=s["alpha"], eps=s.get("eps", 1e-6))
+        return perx.Hybrid([prop, perx.Uniform()], [0.5, 0.5], mixing="random",
+                           normalize=s.get("normalize") or "batch")
     return perx.LAP(alpha=s["alpha"], kappa=s["kappa"])
 
 
@@ -144,14 +152,28 @@ PRIORITY_RULES = {
     "rprop-sign": lambda: [perx.priorities.LearningProgress(sign_rule=True)],
     "asymmetric": lambda: [perx.priorities.Asymmetric(positive=2.0)],
     "predecessor": lambda: [perx.priorities.PredecessorBoost(1.0)],
+    # + 0.1 x the discounted return-to-go, recorded when the episode ends (MinAtar rewards are 0/1, so a
+    # return of a few units is worth a few tenths, the size of a large |delta|)
+    "return-boost": lambda: [perx.priorities.ReturnBoost(0.1)],
+}
+
+#: Rules built from the config (their constants depend on the buffer size or the run length).
+SIZED_RULES = {
+    # every transition's priority grows by 1 per buffer_size updates unreplayed (order-based samplers only:
+    # use it with the rank variant); the clock also gains the updates since the last target copy at each copy
+    "staleness": lambda cfg: [perx.priorities.Staleness(1.0 / cfg.buffer_size,
+                                                        horizon=float(4 * cfg.total_steps + 1))],
 }
 
 
 def make_prioritizer(cfg: DQNConfig, buf: perx.ReplayBuffer) -> perx.Prioritizer | None:
     if cfg.priority_rule is None:
         return None
+    if cfg.priority_rule in SIZED_RULES:
+        return perx.Prioritizer(buf, *SIZED_RULES[cfg.priority_rule](cfg))
     if cfg.priority_rule not in PRIORITY_RULES:
-        raise ValueError(f"priority_rule: one of {sorted(PRIORITY_RULES)} or None, got {cfg.priority_rule!r}")
+        raise ValueError(f"priority_rule: one of {sorted([*PRIORITY_RULES, *SIZED_RULES])} or None, got "
+                         f"{cfg.priority_rule!r}")
     return perx.Prioritizer(buf, *PRIORITY_RULES[cfg.priority_rule]())
 
 
@@ -215,6 +237,9 @@ class Runs(LockstepRuns):
         # priorities go back to every sampler that uses them (a sampler passed in replaces the variant's)
         self.writes_priorities = [not isinstance(buf.sampler, perx.Uniform) for buf in self.buffers]
         self.prioritizers = [make_prioritizer(cfg, buf) for cfg, buf in zip(configs, self.buffers, strict=True)]
+        # the steps of each run's current episode, for return boosts (recorded when it ends)
+        self.episode_ids: list[list[int]] = [[] for _ in configs]
+        self.episode_rewards: list[list[float]] = [[] for _ in configs]
 
     def epsilon(self) -> float:
         c = self.cfg
@@ -269,15 +294,30 @@ class Runs(LockstepRuns):
                     prio.target_updated()
         return losses.detach()
 
+    def on_step(self, ids: np.ndarray, rewards: np.ndarray, ended: np.ndarray) -> None:
+        for r, prio in enumerate(self.prioritizers):
+            if prio is None or self.configs[r].priority_rule != "return-boost":
+                continue
+            self.episode_ids[r].append(int(ids[r]))
+            self.episode_rewards[r].append(float(rewards[r]))
+            if ended[r]:
+                prio.record_episode(self.episode_ids[r], self.episode_rewards[r], gamma=self.configs[r].gamma)
+                self.episode_ids[r], self.episode_rewards[r] = [], []
+
     def extra_state(self, r: int) -> dict:
         prio = self.prioritizers[r]
-        return {} if prio is None else {"prioritizer": prio.state_dict()}
+        if prio is None:
+            return {}
+        return {"prioritizer": prio.state_dict(), "episode_ids": list(self.episode_ids[r]),
+                "episode_rewards": list(self.episode_rewards[r])}
 
     def load_extra_state(self, r: int, state: dict) -> None:
         # the buffer was replaced by the loaded one: the rules are rebuilt on it, then restored
         self.prioritizers[r] = make_prioritizer(self.configs[r], self.buffers[r])
         if self.prioritizers[r] is not None:
             self.prioritizers[r].load_state_dict(state["prioritizer"])
+            self.episode_ids[r] = list(state.get("episode_ids", []))
+            self.episode_rewards[r] = list(state.get("episode_rewards", []))
 
     def load(self, dirs: Sequence[Path]) -> bool:
         for d in dirs:  # checkpoints written before the runner was shared name the networks differently

@@ -98,13 +98,20 @@ class LockstepRuns:
 
     def env_step(self, actions: np.ndarray) -> None:
         """Step every run's environment, store the transitions, keep the episode statistics."""
-        self.obs, rewards, terminated, truncated, _ = self.recorder.step(actions)
+        result = self.envs.step(actions)
+        ids = self.recorder.record(actions, *result)  # same-step autoreset: one id per run, in run order
+        self.obs, rewards, terminated, truncated, _ = result
+        self.on_step(ids, rewards, terminated | truncated)
         self.step += 1
         self.running += rewards
         for r in np.flatnonzero(terminated | truncated):
             self.episodes[r] += 1
             self.recent[r] = (self.recent[r] + [float(self.running[r])])[-10:]
             self.running[r] = 0.0
+
+    def on_step(self, ids: np.ndarray, rewards: np.ndarray, ended: np.ndarray) -> None:
+        """Called after every environment step with each run's new transition id, reward and whether its
+        episode ended (for priority rules that need whole episodes); does nothing by default."""
 
     def stack(self, batches: Sequence[perx.Batch], key: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """One field of R batches as a tensor [R, B, ...] on the device."""
