@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import perx
+from perx.storage import Storage
 from tests.conftest import transitions
 
 
@@ -95,3 +96,52 @@ def test_a_cast_error_on_an_inferred_field_says_where_the_dtype_came_from():
     with pytest.raises(TypeError) as info:
         explicit.add(obs=np.zeros(2, np.float32), action=0.5)
     assert "inferred" not in str(info.value)
+
+
+def test_fields_are_aligned_views_into_one_row_per_transition():
+    spec = {"obs": ((3,), np.float32), "flag": ((), np.bool_), "action": ((), np.int64), "reward": ((), np.float32),
+            "img": ((2, 2), np.uint8), "pair": ((2,), np.float64)}
+    st = Storage(10, spec)
+    # 8-byte multiples first (action 8, pair 16), then by item size: obs 12 (float32), reward 4, img 4, flag 1
+    assert st.rows.shape == (10, 48) and st.rows.dtype == np.uint8
+    for name, arr in st.data.items():
+        assert arr.base is not None and np.shares_memory(arr, st.rows), name
+        assert arr.flags.aligned and arr.shape == (10, *spec[name][0]), name
+    st.data["obs"][4] = [1.5, -2.0, 3.0]
+    st.data["flag"][4] = True
+    row = st.rows[4]
+    off = st._layout.offset
+    assert row[off["obs"] : off["obs"] + 12].view(np.float32).tolist() == [1.5, -2.0, 3.0]
+    assert row[off["flag"]] == 1
+    assert st.rows.shape[1] % 8 == 0 and off["action"] % 8 == 0 and off["pair"] % 8 == 0
+
+
+def test_gathered_fields_are_contiguous_copies():
+    st = Storage(5, {"obs": ((2,), np.float32), "done": ((), np.bool_)})
+    arrays, rows, _ = st.prepare({"obs": np.arange(10, dtype=np.float32).reshape(5, 2), "done": np.ones(5, bool)},
+                                 batched=True)
+    st.write(arrays, rows, None, batched=True)
+    out = st.gather(np.array([3, 3, 0]))
+    assert out["obs"].flags.c_contiguous and out["obs"].tolist() == [[6, 7], [6, 7], [0, 1]]
+    out["obs"][:] = -1  # a copy: the storage is untouched
+    assert st.data["obs"][3].tolist() == [6, 7]
+
+
+def test_a_zero_byte_field_is_kept_apart_from_the_rows():
+    st = Storage(4, {"x": ((2,), np.float32), "empty": ((0,), np.float32)})
+    assert st.rows.shape == (4, 8) and "empty" not in st._layout.offset
+    arrays, rows, _ = st.prepare({"x": np.ones((3, 2)), "empty": np.zeros((3, 0))}, batched=True)
+    st.write(arrays, rows, None, batched=True)
+    out = st.gather(np.array([0, 2]))
+    assert out["empty"].shape == (2, 0) and out["x"].tolist() == [[1, 1], [1, 1]]
+
+
+def test_a_field_view_is_loaded_in_chunks_of_rows(tmp_path, monkeypatch):
+    import perx.buffer
+
+    monkeypatch.setattr(perx.buffer, "_CHUNK", 40)  # 5 rows of obs (8 bytes) per chunk: many chunks
+    buf = perx.ReplayBuffer(23, seed=0)
+    buf.extend(obs=np.arange(46, dtype=np.float32).reshape(23, 2), action=np.arange(23), flag=np.arange(23) % 3 == 0)
+    buf.save(tmp_path / "b.perx")
+    twin = perx.ReplayBuffer.load(tmp_path / "b.perx")
+    np.testing.assert_array_equal(twin._storage.rows, buf._storage.rows)

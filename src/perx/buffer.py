@@ -346,7 +346,7 @@ class ReplayBuffer:
             slots, ids, probs, weights = self.sampler.sample_distinct(batch_size, beta, size, storage.next_id)
         store = self._episodes
         if store is None:
-            data = {name: arr[slots] for name, arr in storage.data.items()}
+            data = storage.gather(slots)
         else:
             data = {name: arr[slots] for name, arr in storage.data.items() if name not in store.derived}
             store.gather(ids, slots, data, storage.data)
@@ -664,6 +664,9 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, into: np.ndarray | 
         if into is not None:
             if shape != into.shape or dtype != into.dtype:
                 raise _LoadError(f"{what}: saved {dtype}{shape} does not match the field's {into.dtype}{into.shape}")
+            if not into.flags.c_contiguous:  # a field's view into the storage's rows
+                _read_rows(fp, into, what)
+                return into
             out = into
         else:
             count = int(np.prod(shape, dtype=np.int64))
@@ -683,6 +686,26 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, into: np.ndarray | 
 
 
 _CHUNK = 1 << 24
+
+
+def _read_rows(fp, into: np.ndarray, what: str) -> None:
+    """Read C-ordered .npy data into a strided array (a field view of the row storage), a chunk of rows at a
+    time through a contiguous buffer, so no second full copy of the field is made."""
+    per_row = into[0].nbytes if len(into) else 0
+    step = max(1, _CHUNK // max(per_row, 1))
+    for start in range(0, len(into), step):
+        part = into[start : start + step]
+        tmp = np.empty(part.shape, part.dtype)
+        view = memoryview(tmp.reshape(-1).view(np.uint8)) if tmp.size else memoryview(bytearray())
+        got = 0
+        while got < len(view):
+            n = fp.readinto(view[got:])
+            if not n:
+                raise _LoadError(f"{what}: the member is truncated or has trailing bytes")
+            got += n
+        part[...] = tmp
+    if fp.read(1):  # reading to the end also makes zipfile check the CRC
+        raise _LoadError(f"{what}: the member is truncated or has trailing bytes")
 
 
 def _parse_meta(meta: dict) -> tuple[int, int, dict | None, Sampler, Episodes | None]:

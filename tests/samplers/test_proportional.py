@@ -16,7 +16,7 @@ def test_first_transitions_get_priority_one():
     buf = perx.ReplayBuffer(8, perx.Proportional(alpha=0.6))
     buf.extend(**transitions(3))
     assert buf.sampler.priorities(np.arange(3)).tolist() == [1.0, 1.0, 1.0]
-    assert buf.sampler.sum_tree.leaves[:3].tolist() == [1.0, 1.0, 1.0]
+    assert buf.sampler.masses[:3].tolist() == [1.0, 1.0, 1.0]
 
 
 def test_new_transition_gets_max_priority_with_alpha_applied_once():
@@ -29,8 +29,8 @@ def test_new_transition_gets_max_priority_with_alpha_applied_once():
     slot = int(idx[0]) % 8
     assert buf.sampler.max_priority == 3.0 + eps
     assert buf.sampler.priorities(np.array([slot]))[0] == 3.0 + eps
-    assert buf.sampler.sum_tree.leaves[slot] == (3.0 + eps) ** alpha
-    assert buf.sampler.min_tree.leaves[slot] == (3.0 + eps) ** alpha
+    assert buf.sampler.masses[slot] == (3.0 + eps) ** alpha
+    assert buf.sampler.mass_totals(len(buf))[1] == buf.sampler.masses[:4].min()  # the IS weights' reference
 
 
 def test_priority_is_absolute_td_error_plus_eps():
@@ -74,10 +74,9 @@ def test_duplicate_indices_in_one_update_last_wins():
     assert applied == 4
     assert buf.sampler.priorities(np.array([1, 2])).tolist() == [3.0, 2.0]
     assert buf.sampler.max_priority == 7.0  # every applied value counts toward the historical max
-    tree = buf.sampler.sum_tree
-    before = tree.nodes.copy()
-    tree.rebuild()
-    np.testing.assert_array_equal(before, tree.nodes)
+    s = buf.sampler
+    for now, rebuilt in zip((s._mass, s._sums, s._mins), s._rebuilt(len(buf)), strict=True):
+        np.testing.assert_array_equal(now, rebuilt)
 
 
 def test_alpha_zero_is_uniform_replay():

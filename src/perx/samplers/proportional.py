@@ -7,9 +7,9 @@ Priority domains, kept apart by name:
   * probability ``P(i) = mass_i / sum_k mass_k`` (000 eq. 1);
   * weight ``w_i = (N * P(i)) ** -beta / max_j w_j`` (000 Sec. 3.4).
 
-Invariant: for every stored slot s, ``sum_tree.leaves[s] == priority[s] ** alpha`` and the min tree
-holds the same mass (+inf where the mass is 0, so zero-probability slots never set the buffer-wide
-maximum weight); every other leaf is empty.
+Invariant: for every stored slot s, ``masses[s] == priority[s] ** alpha``, every other leaf is 0, and the
+block heaps of :mod:`perx._blocktree` (sums, and minima that skip zero masses so zero-probability slots
+never set the buffer-wide maximum weight) equal what ``_rebuilt`` computes from the masses, bit for bit.
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from perx import _blocktree
 from perx._validation import check_bool, check_choice, check_real
 from perx.samplers.base import Sampler, check_update, raise_bad_update
-from perx.trees import MaxTree, MinTree, SumTree, _propagate, _rebuild, find_prefix, leaf_count
+from perx.trees import MaxTree, _propagate, _rebuild, leaf_count
 
 #: New transitions get this priority before any priority has been seen (000 Alg. 1 line 2: p_1 = 1),
 #: or the priority floor max(eps, min_priority) if that is larger (LAP with kappa > 1).
@@ -37,32 +38,6 @@ def _mass(p, alpha):
 
 
 @njit(cache=True, nogil=True)
-def _propagate_sum_min(nodes, leaf_base, slots, count):
-    """Recompute sum (column 0) and min (column 1) ancestors of ``slots[:count]``, level by level.
-
-    Both values of a node share a cache line, so the min tree rides along the sum tree's path.
-    """
-    pos = np.empty(count, np.int64)
-    for b in range(count):
-        pos[b] = slots[b] + leaf_base
-    width = leaf_base
-    while width > 1:
-        last = -1
-        for b in range(count):
-            p = pos[b] >> 1
-            pos[b] = p
-            if p == last:
-                continue
-            last = p
-            k = 2 * p
-            nodes[p, 0] = nodes[k, 0] + nodes[k + 1, 0]
-            a = nodes[k, 1]
-            c = nodes[k + 1, 1]
-            nodes[p, 1] = a if a <= c else c
-        width >>= 1
-
-
-@njit(cache=True, nogil=True)
 def _weight(mass, ref, beta):
     """(mass / ref)^-beta, the normalised IS weight (000 Sec. 3.4); ref <= mass. The ratio can overflow
     when masses span more than ~308 orders of magnitude although the weight itself is representable:
@@ -74,9 +49,9 @@ def _weight(mass, ref, beta):
 
 
 @njit(cache=True, nogil=True)
-def _sample(nodes, leaf_base, u, stratified, beta, batch_norm, use_weights, next_id, capacity):
+def _sample(sums, mins, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity):
     n = u.shape[0]
-    total = nodes[1, 0]
+    total = sums[1]
     targets = np.empty(n)
     if stratified:
         # 000 App. B.2.1: split [0, total) into n equal ranges and draw once in each.
@@ -87,7 +62,7 @@ def _sample(nodes, leaf_base, u, stratified, beta, batch_norm, use_weights, next
         for b in range(n):
             targets[b] = u[b] * total
     slots = np.empty(n, np.int64)
-    find_prefix(nodes[:, 0], leaf_base, targets, slots)
+    _blocktree.find(sums, mass, nblocks, g, targets, slots)
     probs = np.empty(n)
     weights = np.ones(n)
     ids = np.empty(n, np.int64)
@@ -96,7 +71,7 @@ def _sample(nodes, leaf_base, u, stratified, beta, batch_norm, use_weights, next
     min_mass = np.inf
     for b in range(n):
         s = slots[b]
-        m = nodes[leaf_base + s, 0]
+        m = mass[s]
         probs[b] = m / total
         weights[b] = m
         if m < min_mass:
@@ -106,7 +81,7 @@ def _sample(nodes, leaf_base, u, stratified, beta, batch_norm, use_weights, next
         # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (mass_i / mass_min)^-beta: N and the total
         # cancel, and the largest weight belongs to the smallest mass (buffer-wide from the min tree,
         # or within the batch).
-        ref = min_mass if batch_norm else nodes[1, 1]
+        ref = min_mass if batch_norm else mins[1]
         for b in range(n):
             weights[b] = _weight(weights[b], ref, beta)
     else:
@@ -124,7 +99,7 @@ def _priority(v, raw, eps, floor):
 
 
 @njit(cache=True, nogil=True)
-def _update(nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
+def _update(sums, mins, mass, nblocks, g, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
             raw, eps, floor, alpha, state, track_max, max_mass):
     n = ids.shape[0]
     # Pass 1 validates everything, pass 2 writes: a refused update leaves every array untouched.
@@ -150,8 +125,7 @@ def _update(nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
         p = _priority(values[b], raw, eps, floor)
         m = _mass(p, alpha)
         prio[s] = p
-        nodes[leaf_base + s, 0] = m
-        nodes[leaf_base + s, 1] = m if m > 0.0 else np.inf
+        mass[s] = m
         if track_max:
             max_nodes[leaf_base + s] = p
         if p > state[0]:
@@ -160,14 +134,15 @@ def _update(nodes, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
         count += 1
     # Duplicates: leaves were written in order, so the last occurrence wins; ancestors are then
     # recomputed from their children, which is idempotent.
-    _propagate_sum_min(nodes, leaf_base, slots, count)
+    _blocktree.propagate(sums, mins, mass, nblocks, g, slots, count)
     if track_max:
         _propagate(max_nodes, leaf_base, slots, count, 2)
     return count
 
 
 @njit(cache=True, nogil=True)
-def _add(nodes, max_nodes, prio, leaf_base, slots, alpha, state, track_max, initial, floor):
+def _add(sums, mins, mass, nblocks, g, max_nodes, prio, leaf_base, slots, alpha, state, track_max, initial,
+         floor):
     n = slots.shape[0]
     if track_max:
         # In-buffer maximum over the transitions that stay: clear the overwritten slots first.
@@ -185,11 +160,10 @@ def _add(nodes, max_nodes, prio, leaf_base, slots, alpha, state, track_max, init
     for b in range(n):
         s = slots[b]
         prio[s] = p
-        nodes[leaf_base + s, 0] = m
-        nodes[leaf_base + s, 1] = m if m > 0.0 else np.inf
+        mass[s] = m
         if track_max:
             max_nodes[leaf_base + s] = p
-    _propagate_sum_min(nodes, leaf_base, slots, n)
+    _blocktree.propagate(sums, mins, mass, nblocks, g, slots, n)
     if track_max:
         _propagate(max_nodes, leaf_base, slots, n, 2)
 
@@ -254,13 +228,12 @@ class Proportional(Sampler):
         if not _mass(self.initial_priority, self.alpha) <= self.max_mass:
             raise ValueError(f"min_priority/eps: the initial priority {self.initial_priority!r} ** alpha "
                              f"exceeds the largest mass {self.max_mass:.3g} for capacity {capacity}")
-        # The sum tree and the min tree are interleaved: row k of `_nodes` is [sum_k, min_k], so an
-        # update's min-tree path shares cache lines with the sum-tree path the sample just walked.
-        self._nodes = np.empty((2 * leaves, 2))
-        self._nodes[:, 0] = 0.0
-        self._nodes[:, 1] = np.inf
-        self.sum_tree = SumTree(capacity, nodes=self._nodes[:, 0])
-        self.min_tree = MinTree(capacity, nodes=self._nodes[:, 1])
+        # Masses in aligned lines of 8; the sum and min heaps start at the block level (perx._blocktree):
+        # 2 MB each at N = 1e6, so a descent stays in L2 until its last, unavoidable, line.
+        self._g, self._nblocks = _blocktree.layout(leaves)
+        self._mass = _blocktree.aligned_zeros(leaves)
+        self._sums = np.zeros(2 * self._nblocks)
+        self._mins = np.full(2 * self._nblocks, np.inf)
         track = self.max_priority_mode == "buffer"
         # An unused max tree is a 2-element placeholder so the kernels keep one signature.
         self.max_tree = MaxTree(capacity if track else 1)
@@ -299,7 +272,8 @@ class Proportional(Sampler):
         return self._priority[slots]
 
     def on_add(self, slots, ids):
-        _add(self._nodes, self.max_tree.nodes, self._priority, self._leaf_base, slots, self.alpha,
+        _add(self._sums, self._mins, self._mass, self._nblocks, self._g, self.max_tree.nodes, self._priority,
+             self._leaf_base, slots, self.alpha,
              self._state, self._track_max, self.initial_priority, self.floor)
 
     def _no_mass(self, size: int, what: str) -> ValueError:
@@ -314,14 +288,15 @@ class Proportional(Sampler):
                           f"(use eps > 0, or set a positive priority)")
 
     def sample(self, batch_size, beta, size, next_id):
-        if not self._nodes[1, 0] > 0.0:
+        if not self._sums[1] > 0.0:
             raise self._no_mass(size, "sample")
         u = self._rng.random(batch_size)
-        return _sample(self._nodes, self._leaf_base, u, self.stratified,
+        return _sample(self._sums, self._mins, self._mass, self._nblocks, self._g, u, self.stratified,
                        beta, self.normalize == "batch", self.importance_sampling, next_id, self.capacity)
 
     def update(self, ids, values, next_id, *, raw):
-        count = _update(self._nodes, self.max_tree.nodes, self._priority,
+        count = _update(self._sums, self._mins, self._mass, self._nblocks, self._g, self.max_tree.nodes,
+                        self._priority,
                         self._leaf_base, ids, values, next_id, self.capacity, raw, self.eps,
                         self.min_priority, self.alpha, self._state, self._track_max, self.max_mass)
         if count == BAD_MASS:
@@ -340,14 +315,14 @@ class Proportional(Sampler):
         return count
 
     def probabilities(self, slots, size, batch_size=None):
-        total = self._nodes[1, 0]
+        total = self._sums[1]
         if not total > 0.0:
             raise self._no_mass(size, "probabilities")
-        return self._nodes[self._leaf_base + slots, 0] / total
+        return self._mass[slots] / total
 
     def mass_totals(self, size):
         # the roots of the sum and min trees: O(1)
-        return float(self._nodes[1, 0]), float(self._nodes[1, 1])
+        return float(self._sums[1]), float(self._mins[1])
 
     def state_dict(self):
         # The trees are derived state: only the raw priorities are saved, and load rebuilds the trees.
@@ -358,7 +333,29 @@ class Proportional(Sampler):
 
     @property
     def nbytes(self) -> int:
-        return self._nodes.nbytes + self.max_tree.nodes.nbytes + self._priority.nbytes + self._state.nbytes
+        return (self._mass.nbytes + self._sums.nbytes + self._mins.nbytes + self.max_tree.nodes.nbytes
+                + self._priority.nbytes + self._state.nbytes)
+
+    @property
+    def masses(self) -> np.ndarray:
+        """Read-only view of the ``capacity`` masses p**alpha (float64; 0 for empty slots)."""
+        view = self._mass[: self.capacity]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def total_mass(self) -> float:
+        """Sum of all masses (the denominator of P(i), 000 eq. 1); O(1)."""
+        return float(self._sums[1])
+
+    def _rebuilt(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(masses, sums, mins) recomputed from the raw priorities of ``size`` stored slots: what the
+        incremental updates must have produced, bit for bit (a check for tests)."""
+        mass = np.zeros_like(self._mass)
+        sums, mins = np.zeros_like(self._sums), np.full_like(self._mins, np.inf)
+        _fill_trees(sums, mins, mass, self._nblocks, self._g, np.empty(2), self._priority, self._leaf_base, size,
+                    self.alpha, False)
+        return mass, sums, mins
 
     def load_state_dict(self, meta, arrays, *, size, next_id):
         super().load_state_dict(meta, arrays, size=size, next_id=next_id)
@@ -383,27 +380,17 @@ class Proportional(Sampler):
                              f"{largest!r}")
         self._priority[:] = prio
         self._state[0] = top
-        _fill_trees(self._nodes, self.max_tree.nodes, self._priority, self._leaf_base, size, self.alpha,
-                    self._track_max)
+        _fill_trees(self._sums, self._mins, self._mass, self._nblocks, self._g, self.max_tree.nodes, self._priority,
+                    self._leaf_base, size, self.alpha, self._track_max)
 
 
 @njit(cache=True, nogil=True)
-def _fill_trees(nodes, max_nodes, prio, leaf_base, size, alpha, track_max):
-    """Leaves from the raw priorities of slots [0, size), then every parent from its children: the same
-    arrays that the incremental updates produce (parents are always recomputed, never adjusted)."""
+def _fill_trees(sums, mins, mass, nblocks, g, max_nodes, prio, leaf_base, size, alpha, track_max):
+    """Masses from the raw priorities of slots [0, size), then every block and parent: the same arrays that
+    the incremental updates produce (parents are always recomputed, never adjusted)."""
     for s in range(leaf_base):
-        if s < size:
-            m = _mass(prio[s], alpha)
-            nodes[leaf_base + s, 0] = m
-            nodes[leaf_base + s, 1] = m if m > 0.0 else np.inf
-        else:
-            nodes[leaf_base + s, 0] = 0.0
-            nodes[leaf_base + s, 1] = np.inf
-    for k in range(leaf_base - 1, 0, -1):
-        nodes[k, 0] = nodes[2 * k, 0] + nodes[2 * k + 1, 0]
-        a = nodes[2 * k, 1]
-        c = nodes[2 * k + 1, 1]
-        nodes[k, 1] = a if a <= c else c
+        mass[s] = _mass(prio[s], alpha) if s < size else 0.0
+    _blocktree.rebuild(sums, mins, mass, nblocks, g)
     if track_max:
         for s in range(leaf_base):
             max_nodes[leaf_base + s] = prio[s] if s < size else -np.inf

@@ -1,0 +1,145 @@
+"""Sum and min trees whose bottom three levels live in one cache line (the kernels of perx.Proportional).
+
+The full binary tree of :mod:`perx.trees` keeps every level. At N = 1e6 its 2^21 nodes (16 MB of sums, as
+much again for the minima) do not fit in a 4 MB L2 cache, so each of the lowest levels costs a cache miss
+per sample and per update. Here the masses (the leaves) are grouped in blocks of ``g = 8`` float64, one
+aligned 64-byte line, and the stored heaps start at the block level: ``sums`` and ``mins`` hold
+``2 * M`` entries for ``M = L / g`` blocks (``sums[1]`` the root, block ``j`` at ``M + j``), 2 MB each at
+N = 1e6. A descent walks the block heap, then finishes inside the line it must read anyway.
+
+Bit-identical to the full tree: a block's sum is formed pairwise, ``((m0 + m1) + (m2 + m3)) + ((m4 + m5) +
+(m6 + m7))``, exactly the value the full tree's node at that level holds, and the descent inside a block
+recomputes the three missing levels' node values the same way before comparing, so every comparison and
+subtraction of :func:`perx.trees.find_prefix` happens on the same float64 values in the same order. The
+minimum ignores zero masses (+inf), like the min tree's empty leaves.
+
+Costs: a descent O(log M + g), an update O(g + log M) per slot; all kernels are numba, batched level by
+level so the B reads of a level are in flight together.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+#: Leaves per block: 8 float64 fill one 64-byte cache line.
+GROUP = 8
+
+
+def layout(leaves: int) -> tuple[int, int]:
+    """(g, M): leaves per block and number of blocks for a power-of-two leaf count."""
+    g = min(GROUP, leaves)
+    return g, leaves // g
+
+
+def aligned_zeros(n: int, align: int = 64) -> np.ndarray:
+    """float64 zeros [n] whose first element starts on an ``align``-byte boundary (so a block of 8 masses
+    is one cache line, not two)."""
+    raw = np.zeros(n + align // 8, np.float64)
+    skip = (-raw.ctypes.data % align) // 8
+    return raw[skip : skip + n]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def pair_sum(mass, start, width):
+    """Sum of ``mass[start:start + width]`` (width 1, 2, 4 or 8) added pairwise as a binary tree would."""
+    if width == 8:
+        return (((mass[start] + mass[start + 1]) + (mass[start + 2] + mass[start + 3]))
+                + ((mass[start + 4] + mass[start + 5]) + (mass[start + 6] + mass[start + 7])))
+    if width == 4:
+        return (mass[start] + mass[start + 1]) + (mass[start + 2] + mass[start + 3])
+    if width == 2:
+        return mass[start] + mass[start + 1]
+    return mass[start]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def block_min(mass, start, width):
+    """Smallest positive mass of the block, +inf if none (zero masses are empty leaves of the min tree)."""
+    m = np.inf
+    for j in range(start, start + width):
+        v = mass[j]
+        if v > 0.0 and v < m:
+            m = v
+    return m
+
+
+@njit(cache=True, nogil=True)
+def find(sums, mass, nblocks, g, targets, out):
+    """Batch prefix search: for each target t the slot i with prefix(i) <= t < prefix(i + 1).
+
+    Same contract and the same float64 operations as :func:`perx.trees.find_prefix` on the full tree: ties
+    go right, a zero-mass leaf is never returned, a target at or past the total (rounding) returns the last
+    leaf of positive mass. Requires ``sums[1] > 0`` and ``t >= 0``.
+    """
+    n = targets.shape[0]
+    node = np.ones(n, np.int64)
+    t = targets.copy()
+    width = nblocks
+    while width > 1:
+        # Branch-free: which way a draw goes is a coin flip the CPU cannot predict, and a mispredicted
+        # branch per level cost more than the memory reads. An empty right subtree keeps the draw left
+        # (t can pass the left one only through rounding then).
+        for b in range(n):
+            k = 2 * node[b]
+            left = sums[k]
+            tb = t[b]
+            right = (tb >= left) & (sums[k + 1] > 0.0)
+            t[b] = tb - left if right else tb
+            node[b] = k + right
+        width >>= 1
+    for b in range(n):
+        lo = (node[b] - nblocks) * g
+        tb = t[b]
+        w = g
+        while w > 1:  # the three levels inside the line, their node values recomputed exactly
+            half = w >> 1
+            left = pair_sum(mass, lo, half)
+            right = (tb >= left) & (pair_sum(mass, lo + half, half) > 0.0)
+            tb = tb - left if right else tb
+            lo += half * right
+            w = half
+        out[b] = lo
+
+
+@njit(cache=True, nogil=True)
+def propagate(sums, mins, mass, nblocks, g, slots, count):
+    """Recompute the blocks of ``slots[:count]`` from their masses, then their ancestors level by level.
+    Parents are always recomputed from children, never adjusted by deltas, so nothing drifts."""
+    pos = np.empty(count, np.int64)
+    last = -1
+    for b in range(count):
+        j = slots[b] // g
+        pos[b] = j + nblocks
+        if j != last:
+            sums[nblocks + j] = pair_sum(mass, j * g, g)
+            mins[nblocks + j] = block_min(mass, j * g, g)
+            last = j
+    width = nblocks
+    while width > 1:
+        last = -1
+        for b in range(count):
+            p = pos[b] >> 1
+            pos[b] = p
+            if p == last:
+                continue
+            last = p
+            k = 2 * p
+            sums[p] = sums[k] + sums[k + 1]
+            a = mins[k]
+            c = mins[k + 1]
+            mins[p] = a if a <= c else c
+        width >>= 1
+
+
+@njit(cache=True, nogil=True)
+def rebuild(sums, mins, mass, nblocks, g):
+    """Every block and every internal node from the masses; O(L)."""
+    for j in range(nblocks):
+        sums[nblocks + j] = pair_sum(mass, j * g, g)
+        mins[nblocks + j] = block_min(mass, j * g, g)
+    for p in range(nblocks - 1, 0, -1):
+        sums[p] = sums[2 * p] + sums[2 * p + 1]
+        a = mins[2 * p]
+        c = mins[2 * p + 1]
+        mins[p] = a if a <= c else c

@@ -1,0 +1,89 @@
+"""The cache-line block tree of perx.Proportional gives bit for bit the full binary tree's nodes and answers."""
+
+import numpy as np
+import pytest
+
+from perx import SumTree, _blocktree
+from perx.trees import leaf_count
+
+
+def both(masses):
+    """A full SumTree and the block structure over the same leaves."""
+    leaves = leaf_count(len(masses))
+    full = SumTree(len(masses))
+    full.set(np.arange(len(masses)), masses)
+    g, nblocks = _blocktree.layout(leaves)
+    mass = _blocktree.aligned_zeros(leaves)
+    mass[: len(masses)] = masses
+    sums, mins = np.zeros(2 * nblocks), np.full(2 * nblocks, np.inf)
+    _blocktree.rebuild(sums, mins, mass, nblocks, g)
+    return full, (sums, mins, mass, nblocks, g)
+
+
+def block_find(block, targets):
+    sums, _, mass, nblocks, g = block
+    out = np.empty(len(targets), np.int64)
+    _blocktree.find(sums, mass, nblocks, g, np.asarray(targets, np.float64), out)
+    return out
+
+
+@pytest.mark.parametrize("capacity", [1, 2, 3, 5, 8, 9, 64, 1000, 4099])
+def test_block_heap_equals_the_full_trees_upper_levels_bit_for_bit(capacity):
+    rng = np.random.default_rng(capacity)
+    masses = rng.random(capacity) ** 3 * 10.0 ** rng.integers(-8, 8, capacity)
+    masses[rng.random(capacity) < 0.2] = 0.0
+    masses[0] = 0.5  # at least one positive mass
+    full, block = both(masses)
+    sums, mins, _, nblocks, _ = block
+    # the full tree's level holding nblocks nodes and every level above it are the block heap
+    np.testing.assert_array_equal(sums[1:], full.nodes[1 : 2 * nblocks])
+    positive = masses[masses > 0]
+    assert mins[1] == positive.min()
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 8, 17, 1000, 4099])
+def test_block_search_returns_the_full_trees_slot_for_every_target(capacity):
+    rng = np.random.default_rng(7 + capacity)
+    masses = rng.random(capacity) * 10.0 ** rng.integers(-3, 3, capacity)
+    masses[rng.random(capacity) < 0.3] = 0.0
+    masses[-1] = 0.0  # a zero leaf at the end: targets past the total must not land on it
+    masses[0] = 1.0
+    full, block = both(masses)
+    cum = np.cumsum(masses)
+    total = full.total
+    # random targets, every exact prefix boundary (ties go right, past zero leaves), and targets at and
+    # past the total, where rounding sends stratified draws
+    targets = np.concatenate([rng.random(5000) * total, cum, np.nextafter(cum, 0), [total, total * (1 + 1e-15),
+                                                                                   total * 2, 0.0]])
+    targets = targets[targets >= 0]
+    got = block_find(block, targets)
+    np.testing.assert_array_equal(got, full.find(targets))
+    assert (masses[got] > 0).all()
+
+
+def test_block_search_clamps_into_the_left_when_the_right_half_of_a_line_is_empty():
+    # one line of 8 leaves: [1, 1, 0, 0, 0, 0, 0, 0]; any target at or past 2 must return slot 1
+    masses = np.array([1.0, 1.0, 0, 0, 0, 0, 0, 0])
+    full, block = both(masses)
+    assert block_find(block, [0.0, 0.99, 1.0, 1.99, 2.0, 3.5]).tolist() == [0, 0, 1, 1, 1, 1]
+    assert full.find([0.0, 0.99, 1.0, 1.99, 2.0, 3.5]).tolist() == [0, 0, 1, 1, 1, 1]
+
+
+def test_masses_start_on_a_cache_line():
+    for n in (8, 1000, 1 << 16):
+        assert _blocktree.aligned_zeros(n).ctypes.data % 64 == 0
+
+
+def test_incremental_block_updates_equal_a_rebuild():
+    rng = np.random.default_rng(3)
+    capacity = 3000
+    _, block = both(np.ones(capacity))
+    sums, mins, mass, nblocks, g = block
+    for _ in range(50):
+        slots = rng.integers(0, capacity, 64)
+        mass[slots] = rng.random(64) * (rng.random(64) < 0.8)
+        _blocktree.propagate(sums, mins, mass, nblocks, g, slots, len(slots))
+    s2, m2 = np.zeros_like(sums), np.full_like(mins, np.inf)
+    _blocktree.rebuild(s2, m2, mass, nblocks, g)
+    np.testing.assert_array_equal(sums, s2)
+    np.testing.assert_array_equal(mins, m2)
