@@ -15,15 +15,15 @@ def both(masses):
     g, nblocks = _blocktree.layout(leaves)
     mass = _blocktree.aligned_zeros(leaves)
     mass[: len(masses)] = masses
-    sums, mins = np.zeros(2 * nblocks), np.full(2 * nblocks, np.inf)
-    _blocktree.rebuild(sums, mins, mass, nblocks, g)
-    return full, (sums, mins, mass, nblocks, g)
+    heap = np.zeros((2 * nblocks, 2))
+    _blocktree.rebuild(heap, mass, nblocks, g)
+    return full, (heap, mass, nblocks, g)
 
 
 def block_find(block, targets):
-    sums, _, mass, nblocks, g = block
+    heap, mass, nblocks, g = block
     out = np.empty(len(targets), np.int64)
-    _blocktree.find(sums, mass, nblocks, g, np.asarray(targets, np.float64), out)
+    _blocktree.find(heap, mass, nblocks, g, np.asarray(targets, np.float64), out)
     return out
 
 
@@ -34,11 +34,11 @@ def test_block_heap_equals_the_full_trees_upper_levels_bit_for_bit(capacity):
     masses[rng.random(capacity) < 0.2] = 0.0
     masses[0] = 0.5  # at least one positive mass
     full, block = both(masses)
-    sums, mins, _, nblocks, _ = block
-    # the full tree's level holding nblocks nodes and every level above it are the block heap
-    np.testing.assert_array_equal(sums[1:], full.nodes[1 : 2 * nblocks])
+    heap, _, nblocks, _ = block
+    # the full tree's level holding nblocks nodes and every level above it are the block heap's sums
+    np.testing.assert_array_equal(heap[1:, 0], full.nodes[1 : 2 * nblocks])
     positive = masses[masses > 0]
-    assert mins[1] == positive.min()
+    assert heap[1, 1] == positive.min()
 
 
 @pytest.mark.parametrize("capacity", [1, 3, 8, 17, 1000, 4099])
@@ -78,12 +78,27 @@ def test_incremental_block_updates_equal_a_rebuild():
     rng = np.random.default_rng(3)
     capacity = 3000
     _, block = both(np.ones(capacity))
-    sums, mins, mass, nblocks, g = block
+    heap, mass, nblocks, g = block
     for _ in range(50):
         slots = rng.integers(0, capacity, 64)
         mass[slots] = rng.random(64) * (rng.random(64) < 0.8)
-        _blocktree.propagate(sums, mins, mass, nblocks, g, slots, len(slots))
-    s2, m2 = np.zeros_like(sums), np.full_like(mins, np.inf)
-    _blocktree.rebuild(s2, m2, mass, nblocks, g)
-    np.testing.assert_array_equal(sums, s2)
-    np.testing.assert_array_equal(mins, m2)
+        _blocktree.propagate(heap, mass, nblocks, g, slots, len(slots))
+    again = np.zeros_like(heap)
+    _blocktree.rebuild(again, mass, nblocks, g)
+    np.testing.assert_array_equal(heap, again)
+
+
+def test_raising_the_smallest_mass_raises_the_root_minimum():
+    # the minimum path stops early only where a node's minimum is unchanged; here it must reach the root
+    masses = np.full(64, 5.0)
+    masses[37] = 0.5
+    masses[3] = 0.7
+    _, block = both(masses)
+    heap, mass, nblocks, g = block
+    assert heap[1, 1] == 0.5
+    mass[[3, 37]] = [2.0, 9.0]
+    _blocktree.propagate(heap, mass, nblocks, g, np.array([3, 37]), 2)
+    assert heap[1, 1] == 2.0
+    mass[37] = 0.0  # a zero mass is an empty leaf: skipped by the minimum
+    _blocktree.propagate(heap, mass, nblocks, g, np.array([37]), 1)
+    assert heap[1, 1] == 2.0 and heap[1, 0] == 5.0 * 62 + 2.0

@@ -105,7 +105,7 @@ def test_bad_saved_priorities_are_refused(tmp_path, value):
 def test_a_saved_tree_is_not_trusted_it_is_rebuilt_from_the_priorities(tmp_path):
     buf, path = saved(tmp_path, perx.Proportional(alpha=0.7))
     twin = perx.ReplayBuffer.load(path)
-    for name in ("_mass", "_sums", "_mins"):
+    for name in ("_mass", "_heap"):
         np.testing.assert_array_equal(getattr(twin.sampler, name), getattr(buf.sampler, name))
     meta, arrays = members(path)
     assert "sampler/nodes" not in arrays
@@ -447,7 +447,7 @@ def _check_invariants(buf):
     obs = buf._storage.data["obs"][live % buf.capacity, 0]
     np.testing.assert_array_equal(obs, live.astype(np.float32))  # every row is the row of its id
     if isinstance(sampler, perx.Proportional):
-        for now, rebuilt in zip((sampler._mass, sampler._sums, sampler._mins), sampler._rebuilt(len(buf)),
+        for now, rebuilt in zip((sampler._mass, sampler._heap), sampler._rebuilt(len(buf)),
                                 strict=True):
             np.testing.assert_array_equal(now, rebuilt)
         # numpy's pow may differ from the compiled kernels' in the last bit

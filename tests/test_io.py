@@ -18,7 +18,7 @@ def test_round_trip_restores_counters_data_trees_and_rng(tmp_path):
     twin = perx.ReplayBuffer.load(path)
     assert twin.next_index == 44 and len(twin) == 30
     assert twin.sampler.max_priority == buf.sampler.max_priority
-    for name in ("_mass", "_sums", "_mins"):
+    for name in ("_mass", "_heap"):
         np.testing.assert_array_equal(getattr(twin.sampler, name), getattr(buf.sampler, name))
     assert twin.sampler.rng.bit_generator.state == buf.sampler.rng.bit_generator.state
     assert os.listdir(tmp_path) == ["b.perx"]  # the exact name, no temporary left behind

@@ -118,7 +118,7 @@ def check_state(buf, model, s=None):
                                    rtol=1e-12)
         if not model.buffer_max:
             assert s.max_priority == model.top
-        for now, rebuilt in zip((s._mass, s._sums, s._mins), s._rebuilt(len(buf)), strict=True):
+        for now, rebuilt in zip((s._mass, s._heap), s._rebuilt(len(buf)), strict=True):
             np.testing.assert_array_equal(now, rebuilt)
     elif model.kind in ("RankBased", "Greedy"):
         np.testing.assert_array_equal(s.keys(slots), expected)

@@ -3,9 +3,10 @@
 The full binary tree of :mod:`perx.trees` keeps every level. At N = 1e6 its 2^21 nodes (16 MB of sums, as
 much again for the minima) do not fit in a 4 MB L2 cache, so each of the lowest levels costs a cache miss
 per sample and per update. Here the masses (the leaves) are grouped in blocks of ``g = 8`` float64, one
-aligned 64-byte line, and the stored heaps start at the block level: ``sums`` and ``mins`` hold
-``2 * M`` entries for ``M = L / g`` blocks (``sums[1]`` the root, block ``j`` at ``M + j``), 2 MB each at
-N = 1e6. A descent walks the block heap, then finishes inside the line it must read anyway.
+aligned 64-byte line, and the stored heap starts at the block level: ``heap`` is float64 ``[2 * M, 2]`` for
+``M = L / g`` blocks, row k = [sum, min] of node k (row 1 the root, block ``j`` at row ``M + j``), 4 MB at
+N = 1e6 instead of 32. A descent walks the heap's sums, then finishes inside the line of masses it must read
+anyway; an update's min path shares the cache lines of its sum path.
 
 Bit-identical to the full tree: a block's sum is formed pairwise, ``((m0 + m1) + (m2 + m3)) + ((m4 + m5) +
 (m6 + m7))``, exactly the value the full tree's node at that level holds, and the descent inside a block
@@ -59,13 +60,13 @@ def block_min(mass, start, width):
     m = np.inf
     for j in range(start, start + width):
         v = mass[j]
-        if v > 0.0 and v < m:
-            m = v
+        v = v if v > 0.0 else np.inf  # selects, not branches: whether a mass is the smallest is a coin flip
+        m = v if v < m else m
     return m
 
 
 @njit(cache=True, nogil=True)
-def find(sums, mass, nblocks, g, targets, out):
+def find(heap, mass, nblocks, g, targets, out):
     """Batch prefix search: for each target t the slot i with prefix(i) <= t < prefix(i + 1).
 
     Same contract and the same float64 operations as :func:`perx.trees.find_prefix` on the full tree: ties
@@ -82,9 +83,9 @@ def find(sums, mass, nblocks, g, targets, out):
         # (t can pass the left one only through rounding then).
         for b in range(n):
             k = 2 * node[b]
-            left = sums[k]
+            left = heap[k, 0]
             tb = t[b]
-            right = (tb >= left) & (sums[k + 1] > 0.0)
+            right = (tb >= left) & (heap[k + 1, 0] > 0.0)
             t[b] = tb - left if right else tb
             node[b] = k + right
         width >>= 1
@@ -103,43 +104,58 @@ def find(sums, mass, nblocks, g, targets, out):
 
 
 @njit(cache=True, nogil=True)
-def propagate(sums, mins, mass, nblocks, g, slots, count):
+def propagate(heap, mass, nblocks, g, slots, count):
     """Recompute the blocks of ``slots[:count]`` from their masses, then their ancestors level by level.
-    Parents are always recomputed from children, never adjusted by deltas, so nothing drifts."""
+    Parents are always recomputed from children, never adjusted by deltas, so nothing drifts. A sum changes
+    with any new mass and is recomputed up to the root; a minimum is recomputed only above a child whose
+    minimum changed (the rest of its path would be rewritten with the value it already holds)."""
     pos = np.empty(count, np.int64)
+    changed = np.empty(count, np.bool_)  # did this path's node minimum change at the current level
     last = -1
+    moved = False
     for b in range(count):
         j = slots[b] // g
         pos[b] = j + nblocks
         if j != last:
-            sums[nblocks + j] = pair_sum(mass, j * g, g)
-            mins[nblocks + j] = block_min(mass, j * g, g)
+            heap[nblocks + j, 0] = pair_sum(mass, j * g, g)
+            m = block_min(mass, j * g, g)
+            moved = m != heap[nblocks + j, 1]
+            heap[nblocks + j, 1] = m
             last = j
+        changed[b] = moved
     width = nblocks
     while width > 1:
         last = -1
+        done = False  # the minimum of node `last` was recomputed at this level
+        moved = False
         for b in range(count):
             p = pos[b] >> 1
             pos[b] = p
-            if p == last:
-                continue
-            last = p
             k = 2 * p
-            sums[p] = sums[k] + sums[k + 1]
-            a = mins[k]
-            c = mins[k + 1]
-            mins[p] = a if a <= c else c
+            if p != last:
+                last = p
+                heap[p, 0] = heap[k, 0] + heap[k + 1, 0]
+                done = False
+                moved = False
+            if changed[b] and not done:
+                a = heap[k, 1]
+                c = heap[k + 1, 1]
+                m = a if a <= c else c
+                moved = m != heap[p, 1]
+                heap[p, 1] = m
+                done = True
+            changed[b] = moved
         width >>= 1
 
 
 @njit(cache=True, nogil=True)
-def rebuild(sums, mins, mass, nblocks, g):
+def rebuild(heap, mass, nblocks, g):
     """Every block and every internal node from the masses; O(L)."""
     for j in range(nblocks):
-        sums[nblocks + j] = pair_sum(mass, j * g, g)
-        mins[nblocks + j] = block_min(mass, j * g, g)
+        heap[nblocks + j, 0] = pair_sum(mass, j * g, g)
+        heap[nblocks + j, 1] = block_min(mass, j * g, g)
     for p in range(nblocks - 1, 0, -1):
-        sums[p] = sums[2 * p] + sums[2 * p + 1]
-        a = mins[2 * p]
-        c = mins[2 * p + 1]
-        mins[p] = a if a <= c else c
+        heap[p, 0] = heap[2 * p, 0] + heap[2 * p + 1, 0]
+        a = heap[2 * p, 1]
+        c = heap[2 * p + 1, 1]
+        heap[p, 1] = a if a <= c else c

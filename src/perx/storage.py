@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+from numba import njit
 
 from perx._validation import _short, check_capacity, to_numpy
 
@@ -175,6 +176,7 @@ class Storage:
         self.data = data
         #: uint8 [capacity, row_bytes]: every packed field of a transition in one row.
         self.rows = rows
+        self._rows64 = rows.view(np.uint64)
         self._layout = layout
         # Source dtypes already known to cast into each field, with the value check each needs
         # (np.can_cast costs ~0.4 us, so the rule is worked out once per source dtype).
@@ -298,8 +300,21 @@ class Storage:
         return ids, ids[skip:] % cap
 
     def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
-        """Copies of every field at ``slots`` (int64 [B]); each array is [B, *field_shape], C-contiguous."""
-        return {name: arr[slots] for name, arr in self.data.items()}
+        """Copies of every field at ``slots`` (int64 [B], each in [0, capacity)); each array is
+        [B, *field_shape], C-contiguous, in spec order. One compiled call: the B rows are copied out whole
+        (one or two cache lines each), then split into the fields, all of them in one allocation.
+        O(B * row_bytes)."""
+        layout = self._layout
+        if layout.loose or slots.shape[0] < _KERNEL_GATHER_MIN:
+            return {name: arr[slots] for name, arr in self.data.items()}
+        rec = np.empty((), layout.batch_dtype(slots.shape[0]))
+        _gather_rows(self._rows64, slots, rec.reshape(1).view(np.uint8), layout.src, layout.nbytes, layout.unit)
+        return {name: rec[name] for name in layout.names}
+
+
+#: Below this batch size numpy's per-field gather is cheaper than one kernel call and the batch's views
+#: (measured at N = 1e6 with six fields: 3.0 vs 3.7 us at B = 1, 5.7 vs 5.1 us at B = 32, 22.7 vs 15.3 at 256).
+_KERNEL_GATHER_MIN = 16
 
 
 class _RowLayout:
@@ -320,4 +335,93 @@ class _RowLayout:
             self.offset[n] = pos
             pos += sizes[n]
         self.row_bytes = -(-pos // 8) * 8
-        self.loose = len(packed) < len(spec)
+        #: a zero-byte field, or none at all in the rows: gathered by numpy (Storage.gather)
+        self.loose = len(packed) < len(spec) or not packed
+        self.spec = spec
+        self.names = list(spec)
+        # per field, in spec order: byte offset in a row, bytes, and the widest unit (8, 4, 2 or 1 bytes) that
+        # divides both, in which the gather copies it
+        self.src = np.array([self.offset.get(n, 0) for n in self.names], np.int64)
+        self.nbytes = np.array([sizes[n] for n in self.names], np.int64)
+        self.unit = np.array([_unit(self.offset.get(n, 0), sizes[n]) for n in self.names], np.int64)
+        self._dtypes: dict[int, np.dtype] = {}
+
+    def batch_dtype(self, b: int) -> np.dtype:
+        """A structured dtype holding a gathered batch of b: field f is a C-ordered [b, *shape] block starting
+        at a multiple of 8 bytes, in spec order (cached per b; at most 64 batch sizes are kept)."""
+        dt = self._dtypes.get(b)
+        if dt is None:
+            offsets, pos = [], 0
+            for n in self.names:
+                offsets.append(pos)
+                pos += -(-b * self.size[n] // 8) * 8
+            dt = np.dtype({"names": self.names, "offsets": offsets, "itemsize": pos,
+                           "formats": [(self.spec[n].dtype, (b, *self.spec[n].shape)) for n in self.names]})
+            if len(self._dtypes) >= 64:
+                self._dtypes.clear()
+            self._dtypes[b] = dt
+        return dt
+
+
+def _unit(offset: int, size: int) -> int:
+    for u in (8, 4, 2):
+        if offset % u == 0 and size % u == 0:
+            return u
+    return 1
+
+
+@njit(cache=True, nogil=True)
+def _copy_field(src, row_units, a, w, b, dst, o):
+    """dst[o + k * w + j] = src[k * row_units + a + j] for k < b, j < w: one field of b gathered rows, in
+    units of the arrays' dtype. The common widths are spelled out: a loop of unknown length per row costs
+    3-4x more than the copy itself."""
+    if w == 1:
+        for k in range(b):
+            dst[o + k] = src[k * row_units + a]
+    elif w == 2:
+        for k in range(b):
+            i = k * row_units + a
+            dst[o + 2 * k] = src[i]
+            dst[o + 2 * k + 1] = src[i + 1]
+    elif w == 4:
+        for k in range(b):
+            i = k * row_units + a
+            p = o + 4 * k
+            dst[p] = src[i]
+            dst[p + 1] = src[i + 1]
+            dst[p + 2] = src[i + 2]
+            dst[p + 3] = src[i + 3]
+    else:
+        for k in range(b):
+            i = k * row_units + a
+            p = o + w * k
+            for j in range(w):
+                dst[p + j] = src[i + j]
+
+
+@njit(cache=True, nogil=True)
+def _gather_rows(rows64, slots, out, src, nbytes, unit):
+    """Copy rows ``slots`` whole into a row-major scratch (one pass of independent line reads), then each
+    field f into ``out`` bytes [dst_f, dst_f + b * nbytes[f]), dst_f = the earlier fields' b * nbytes rounded
+    up to 8 (``_RowLayout.batch_dtype``)."""
+    b = slots.shape[0]
+    words = rows64.shape[1]
+    tmp = np.empty(b * words, np.uint64)
+    for k in range(b):
+        s = slots[k]
+        for j in range(words):
+            tmp[k * words + j] = rows64[s, j]
+    row_bytes = words * 8
+    dst = 0
+    for f in range(src.shape[0]):
+        u = unit[f]
+        w = nbytes[f] // u
+        if u == 8:
+            _copy_field(tmp, words, src[f] // 8, w, b, out.view(np.uint64), dst // 8)
+        elif u == 4:
+            _copy_field(tmp.view(np.uint32), row_bytes // 4, src[f] // 4, w, b, out.view(np.uint32), dst // 4)
+        elif u == 2:
+            _copy_field(tmp.view(np.uint16), row_bytes // 2, src[f] // 2, w, b, out.view(np.uint16), dst // 2)
+        else:
+            _copy_field(tmp.view(np.uint8), row_bytes, src[f], w, b, out, dst)
+        dst += (b * nbytes[f] + 7) // 8 * 8

@@ -75,7 +75,7 @@ def test_duplicate_indices_in_one_update_last_wins():
     assert buf.sampler.priorities(np.array([1, 2])).tolist() == [3.0, 2.0]
     assert buf.sampler.max_priority == 7.0  # every applied value counts toward the historical max
     s = buf.sampler
-    for now, rebuilt in zip((s._mass, s._sums, s._mins), s._rebuilt(len(buf)), strict=True):
+    for now, rebuilt in zip((s._mass, s._heap), s._rebuilt(len(buf)), strict=True):
         np.testing.assert_array_equal(now, rebuilt)
 
 

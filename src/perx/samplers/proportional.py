@@ -49,9 +49,9 @@ def _weight(mass, ref, beta):
 
 
 @njit(cache=True, nogil=True)
-def _sample(sums, mins, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity):
+def _sample(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity):
     n = u.shape[0]
-    total = sums[1]
+    total = heap[1, 0]
     targets = np.empty(n)
     if stratified:
         # 000 App. B.2.1: split [0, total) into n equal ranges and draw once in each.
@@ -62,31 +62,28 @@ def _sample(sums, mins, mass, nblocks, g, u, stratified, beta, batch_norm, use_w
         for b in range(n):
             targets[b] = u[b] * total
     slots = np.empty(n, np.int64)
-    _blocktree.find(sums, mass, nblocks, g, targets, slots)
+    _blocktree.find(heap, mass, nblocks, g, targets, slots)
     probs = np.empty(n)
-    weights = np.ones(n)
+    weights = np.empty(n)
     ids = np.empty(n, np.int64)
     head = next_id % capacity
     base = next_id - head
-    min_mass = np.inf
+    # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (mass_i / mass_min)^-beta: N and the total cancel, and
+    # the largest weight belongs to the smallest mass (buffer-wide from the min tree, or within the batch).
+    weigh = use_weights and beta > 0.0
+    ref = heap[1, 1]
+    if weigh and batch_norm:
+        ref = np.inf
+        for b in range(n):
+            m = mass[slots[b]]
+            if m < ref:
+                ref = m
     for b in range(n):
         s = slots[b]
         m = mass[s]
         probs[b] = m / total
-        weights[b] = m
-        if m < min_mass:
-            min_mass = m
+        weights[b] = _weight(m, ref, beta) if weigh else 1.0
         ids[b] = base + s if s < head else base - capacity + s
-    if use_weights and beta > 0.0:
-        # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (mass_i / mass_min)^-beta: N and the total
-        # cancel, and the largest weight belongs to the smallest mass (buffer-wide from the min tree,
-        # or within the batch).
-        ref = min_mass if batch_norm else mins[1]
-        for b in range(n):
-            weights[b] = _weight(weights[b], ref, beta)
-    else:
-        for b in range(n):
-            weights[b] = 1.0
     return slots, ids, probs, weights
 
 
@@ -99,7 +96,7 @@ def _priority(v, raw, eps, floor):
 
 
 @njit(cache=True, nogil=True)
-def _update(sums, mins, mass, nblocks, g, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
+def _update(heap, mass, nblocks, g, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
             raw, eps, floor, alpha, state, track_max, max_mass):
     n = ids.shape[0]
     # Pass 1 validates everything, pass 2 writes: a refused update leaves every array untouched.
@@ -134,14 +131,14 @@ def _update(sums, mins, mass, nblocks, g, max_nodes, prio, leaf_base, ids, value
         count += 1
     # Duplicates: leaves were written in order, so the last occurrence wins; ancestors are then
     # recomputed from their children, which is idempotent.
-    _blocktree.propagate(sums, mins, mass, nblocks, g, slots, count)
+    _blocktree.propagate(heap, mass, nblocks, g, slots, count)
     if track_max:
         _propagate(max_nodes, leaf_base, slots, count, 2)
     return count
 
 
 @njit(cache=True, nogil=True)
-def _add(sums, mins, mass, nblocks, g, max_nodes, prio, leaf_base, slots, alpha, state, track_max, initial,
+def _add(heap, mass, nblocks, g, max_nodes, prio, leaf_base, slots, alpha, state, track_max, initial,
          floor):
     n = slots.shape[0]
     if track_max:
@@ -163,7 +160,7 @@ def _add(sums, mins, mass, nblocks, g, max_nodes, prio, leaf_base, slots, alpha,
         mass[s] = m
         if track_max:
             max_nodes[leaf_base + s] = p
-    _blocktree.propagate(sums, mins, mass, nblocks, g, slots, n)
+    _blocktree.propagate(heap, mass, nblocks, g, slots, n)
     if track_max:
         _propagate(max_nodes, leaf_base, slots, n, 2)
 
@@ -232,8 +229,9 @@ class Proportional(Sampler):
         # 2 MB each at N = 1e6, so a descent stays in L2 until its last, unavoidable, line.
         self._g, self._nblocks = _blocktree.layout(leaves)
         self._mass = _blocktree.aligned_zeros(leaves)
-        self._sums = np.zeros(2 * self._nblocks)
-        self._mins = np.full(2 * self._nblocks, np.inf)
+        # row k of the heap is [sum_k, min_k]: an update's min path shares the cache lines of its sum path
+        self._heap = np.zeros((2 * self._nblocks, 2))
+        self._heap[:, 1] = np.inf
         track = self.max_priority_mode == "buffer"
         # An unused max tree is a 2-element placeholder so the kernels keep one signature.
         self.max_tree = MaxTree(capacity if track else 1)
@@ -272,7 +270,7 @@ class Proportional(Sampler):
         return self._priority[slots]
 
     def on_add(self, slots, ids):
-        _add(self._sums, self._mins, self._mass, self._nblocks, self._g, self.max_tree.nodes, self._priority,
+        _add(self._heap, self._mass, self._nblocks, self._g, self.max_tree.nodes, self._priority,
              self._leaf_base, slots, self.alpha,
              self._state, self._track_max, self.initial_priority, self.floor)
 
@@ -288,14 +286,14 @@ class Proportional(Sampler):
                           f"(use eps > 0, or set a positive priority)")
 
     def sample(self, batch_size, beta, size, next_id):
-        if not self._sums[1] > 0.0:
+        if not self._heap[1, 0] > 0.0:
             raise self._no_mass(size, "sample")
         u = self._rng.random(batch_size)
-        return _sample(self._sums, self._mins, self._mass, self._nblocks, self._g, u, self.stratified,
+        return _sample(self._heap, self._mass, self._nblocks, self._g, u, self.stratified,
                        beta, self.normalize == "batch", self.importance_sampling, next_id, self.capacity)
 
     def update(self, ids, values, next_id, *, raw):
-        count = _update(self._sums, self._mins, self._mass, self._nblocks, self._g, self.max_tree.nodes,
+        count = _update(self._heap, self._mass, self._nblocks, self._g, self.max_tree.nodes,
                         self._priority,
                         self._leaf_base, ids, values, next_id, self.capacity, raw, self.eps,
                         self.min_priority, self.alpha, self._state, self._track_max, self.max_mass)
@@ -315,14 +313,14 @@ class Proportional(Sampler):
         return count
 
     def probabilities(self, slots, size, batch_size=None):
-        total = self._sums[1]
+        total = self._heap[1, 0]
         if not total > 0.0:
             raise self._no_mass(size, "probabilities")
         return self._mass[slots] / total
 
     def mass_totals(self, size):
         # the roots of the sum and min trees: O(1)
-        return float(self._sums[1]), float(self._mins[1])
+        return float(self._heap[1, 0]), float(self._heap[1, 1])
 
     def state_dict(self):
         # The trees are derived state: only the raw priorities are saved, and load rebuilds the trees.
@@ -333,7 +331,7 @@ class Proportional(Sampler):
 
     @property
     def nbytes(self) -> int:
-        return (self._mass.nbytes + self._sums.nbytes + self._mins.nbytes + self.max_tree.nodes.nbytes
+        return (self._mass.nbytes + self._heap.nbytes + self.max_tree.nodes.nbytes
                 + self._priority.nbytes + self._state.nbytes)
 
     @property
@@ -346,16 +344,17 @@ class Proportional(Sampler):
     @property
     def total_mass(self) -> float:
         """Sum of all masses (the denominator of P(i), 000 eq. 1); O(1)."""
-        return float(self._sums[1])
+        return float(self._heap[1, 0])
 
-    def _rebuilt(self, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(masses, sums, mins) recomputed from the raw priorities of ``size`` stored slots: what the
+    def _rebuilt(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(masses, heap) recomputed from the raw priorities of ``size`` stored slots: what the
         incremental updates must have produced, bit for bit (a check for tests)."""
         mass = np.zeros_like(self._mass)
-        sums, mins = np.zeros_like(self._sums), np.full_like(self._mins, np.inf)
-        _fill_trees(sums, mins, mass, self._nblocks, self._g, np.empty(2), self._priority, self._leaf_base, size,
+        heap = np.zeros_like(self._heap)
+        heap[:, 1] = np.inf
+        _fill_trees(heap, mass, self._nblocks, self._g, np.empty(2), self._priority, self._leaf_base, size,
                     self.alpha, False)
-        return mass, sums, mins
+        return mass, heap
 
     def load_state_dict(self, meta, arrays, *, size, next_id):
         super().load_state_dict(meta, arrays, size=size, next_id=next_id)
@@ -380,17 +379,17 @@ class Proportional(Sampler):
                              f"{largest!r}")
         self._priority[:] = prio
         self._state[0] = top
-        _fill_trees(self._sums, self._mins, self._mass, self._nblocks, self._g, self.max_tree.nodes, self._priority,
+        _fill_trees(self._heap, self._mass, self._nblocks, self._g, self.max_tree.nodes, self._priority,
                     self._leaf_base, size, self.alpha, self._track_max)
 
 
 @njit(cache=True, nogil=True)
-def _fill_trees(sums, mins, mass, nblocks, g, max_nodes, prio, leaf_base, size, alpha, track_max):
+def _fill_trees(heap, mass, nblocks, g, max_nodes, prio, leaf_base, size, alpha, track_max):
     """Masses from the raw priorities of slots [0, size), then every block and parent: the same arrays that
     the incremental updates produce (parents are always recomputed, never adjusted)."""
     for s in range(leaf_base):
         mass[s] = _mass(prio[s], alpha) if s < size else 0.0
-    _blocktree.rebuild(sums, mins, mass, nblocks, g)
+    _blocktree.rebuild(heap, mass, nblocks, g)
     if track_max:
         for s in range(leaf_base):
             max_nodes[leaf_base + s] = prio[s] if s < size else -np.inf
