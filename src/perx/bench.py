@@ -394,6 +394,23 @@ def format_row(row: dict, impl_names: list[str]) -> str:
     return f"| {row['op']} | {n} | " + " | ".join(cells) + " |"
 
 
+def _scaling(rows: list[dict], names: list[str]) -> list[str]:
+    """Per implementation, time per iteration at the largest N over the time at the smallest, per B."""
+    iters = [r for r in rows if r["op"].startswith("sample+update")]
+    sizes = sorted({r["N"] for r in iters})
+    if len(sizes) < 2:
+        return []
+    lo, hi = sizes[0], sizes[-1]
+    out = ["", f"Growth with the buffer size: time per iteration at N = {hi:.0e} / at N = {lo:.0e} (same run).", "",
+           "| operation | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for op in dict.fromkeys(r["op"] for r in iters):
+        a = next(r for r in iters if r["op"] == op and r["N"] == lo)["cells"]
+        b = next(r for r in iters if r["op"] == op and r["N"] == hi)["cells"]
+        out.append(f"| {op} | " + " | ".join(f"{b[n] / a[n]:.2f}x" if n in a and n in b else "-" for n in names)
+                   + " |")
+    return out
+
+
 def format_table(result: dict, command: str) -> str:
     names = result["impls"]
     (l1, l5, l15), (e1, e5, e15) = result["load"]
@@ -415,6 +432,7 @@ def format_table(result: dict, command: str) -> str:
         "|---|---|" + "---|" * len(names),
     ]
     lines += [format_row(r, names) for r in result["rows"]]
+    lines += _scaling(result["rows"], names)
     if result["skipped"]:
         lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items())]
     lines += ["", "Notes: tianshou has no batch add for a single buffer, so its extend is 256 single adds; "
@@ -432,12 +450,14 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer blocks and calls (about a minute)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000], help="buffer sizes N")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 256], help="batch sizes B")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000], help="buffer sizes N")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 256], help="batch sizes B")
     parser.add_argument("--blocks", type=int, default=None, help="interleaved timing blocks per cell")
     parser.add_argument("--calls", type=int, default=None, help="calls per block (B <= 64)")
     parser.add_argument("--no-peers", action="store_true", help="skip cpprb and tianshou")
     parser.add_argument("--no-episodes", action="store_true", help="skip the episodic-storage table")
+    parser.add_argument("--episode-size", type=int, default=1_000_000,
+                        help="N of the vector-observation rows of the episodic table")
     parser.add_argument("--frame-size", type=int, default=None,
                         help="N of the Atari-frame rows (default 100,000; 20,000 with --quick)")
     parser.add_argument("--out", default=None, help="also write the markdown table to this file")
@@ -454,7 +474,7 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
     if not args.no_episodes:
         print("\n| observations | layout | N | B | sample+update | ratio | bytes per transition |", flush=True)
         frames = args.frame_size or (20_000 if args.quick else 100_000)
-        rows = episode_run(n_vec=max(args.sizes), n_frames=frames,
+        rows = episode_run(n_vec=args.episode_size, n_frames=frames,
                            batch_sizes=tuple(args.batch_sizes), blocks=blocks, calls=calls,
                            log=lambda line: print(line, flush=True))
         table += "\n" + format_episode_table(rows)

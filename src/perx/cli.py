@@ -15,6 +15,7 @@ commands:
   bench    time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)
   bench-agents  replay's cost inside the Double DQN loop per variant, and lockstep throughput
   bench-td3  TD3's run time with perx, cpprb and Tianshou buffers swapped in (004 Table 3)
+  bench-loop  the buffer's time per step inside a TD3-style loop (fake env, real networks; CUDA if present)
   supervised  prioritized supervised learning on class-imbalanced digits (PER Sec. 6, Figure 5)
   variants  the priority variants of PER Appendix A on the linear Blind Cliffwalk
   rank-tv  total-variation distance of heap-mode rank-based sampling from the power law
@@ -42,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         from perx.experiments.td3_overhead import main as td3_overhead_main
 
         return td3_overhead_main(rest, prog="perx bench-td3")
+    if command == "bench-loop":
+        from perx.experiments.loop_bench import main as loop_bench_main
+
+        return loop_bench_main(rest, prog="perx bench-loop")
     if command == "bench-agents":
         from perx.experiments.agent_bench import main as agent_bench_main
 

@@ -1,0 +1,266 @@
+"""The replay buffer's cost inside a TD3-style training loop, ``perx bench-loop`` (issue 14).
+
+A micro-benchmark times the buffer alone, with its arrays hot in the caches. Inside a training loop the
+networks' work evicts them, so each buffer call costs more. This loop is TD3's (004 Table 6: a 256-256 actor,
+two 256-256 critics, batch 256, one critic update per step, the actor every second one) on a fake
+environment (random observations, so nothing but the networks and the buffer runs), with the buffer filled
+to ``N`` transitions first. Every buffer call (add, sample, update of the priorities) is timed inside the
+loop; the table gives the buffer's microseconds per step, the step time, and the prioritized buffer's extra
+time over perx.Uniform's as a share of the uniform step, all from interleaved rounds of one process.
+Networks run on CUDA when it is available (``--device``), else on one CPU thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+OBS, ACT = 17, 6  # Hopper-like sizes; float32
+
+
+class _Perx:
+    def __init__(self, sampler, capacity: int, seed: int) -> None:
+        import perx
+
+        self.buf = perx.ReplayBuffer(capacity, sampler, seed=seed, spec={
+            "obs": ((OBS,), np.float32), "action": ((ACT,), np.float32), "reward": ((), np.float32),
+            "next_obs": ((OBS,), np.float32), "not_done": ((), np.float32)})
+        self.prioritized = not isinstance(sampler, perx.Uniform)
+
+    def fill(self, data: dict) -> None:
+        self.buf.extend(**data)
+
+    def add(self, obs, act, rew, nxt, not_done) -> None:
+        self.buf.add(obs=obs, action=act, reward=rew, next_obs=nxt, not_done=not_done)
+
+    def sample(self, b: int, beta: float):
+        batch = self.buf.sample(b, beta=beta)
+        return (batch["obs"], batch["action"], batch["reward"], batch["next_obs"], batch["not_done"],
+                batch.weights, batch.indices)
+
+    def update(self, idx, prio) -> None:
+        self.buf.update_priorities(idx, prio)
+
+
+class _Cpprb:
+    prioritized = True
+
+    def __init__(self, capacity: int) -> None:
+        import cpprb
+
+        env = {"obs": {"shape": OBS}, "act": {"shape": ACT}, "rew": {}, "next_obs": {"shape": OBS}, "not_done": {}}
+        self.buf = cpprb.PrioritizedReplayBuffer(capacity, env, alpha=0.6, eps=1e-6)
+
+    def fill(self, data: dict) -> None:
+        self.buf.add(obs=data["obs"], act=data["action"], rew=data["reward"], next_obs=data["next_obs"],
+                     not_done=data["not_done"])
+
+    def add(self, obs, act, rew, nxt, not_done) -> None:
+        self.buf.add(obs=obs, act=act, rew=rew, next_obs=nxt, not_done=not_done)
+
+    def sample(self, b: int, beta: float):
+        s = self.buf.sample(b, beta=beta)
+        return s["obs"], s["act"], s["rew"][:, 0], s["next_obs"], s["not_done"][:, 0], s["weights"], s["indexes"]
+
+    def update(self, idx, prio) -> None:
+        self.buf.update_priorities(idx, prio + 1e-6)
+
+
+def make(name: str, capacity: int, seed: int):
+    import perx
+
+    if name == "perx.Uniform":
+        return _Perx(perx.Uniform(), capacity, seed)
+    if name == "perx.Proportional":
+        return _Perx(perx.Proportional(alpha=0.6), capacity, seed)
+    if name == "cpprb PER":
+        return _Cpprb(capacity)
+    raise ValueError(f"name: unknown buffer {name!r}")
+
+
+class _Timed:
+    """The buffer with a clock around each call; ``seconds`` accumulates the time spent inside it."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.seconds = 0.0
+
+    def __getattr__(self, name):
+        fn = getattr(self.inner, name)
+
+        def call(*args):
+            t0 = time.perf_counter()
+            out = fn(*args)
+            self.seconds += time.perf_counter() - t0
+            return out
+
+        return call
+
+
+class _TD3:
+    """Table 6's networks and updates (IS-weighted MSE for the prioritized buffers)."""
+
+    def __init__(self, device, seed: int) -> None:
+        import torch
+        from torch import nn
+
+        torch.manual_seed(seed)
+
+        def mlp(i, o):
+            return nn.Sequential(nn.Linear(i, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, o)).to(
+                device)
+
+        self.torch, self.device = torch, device
+        self.actor, self.actor_t = mlp(OBS, ACT), mlp(OBS, ACT)
+        self.q1, self.q2, self.q1_t, self.q2_t = (mlp(OBS + ACT, 1) for _ in range(4))
+        for a, b in ((self.actor, self.actor_t), (self.q1, self.q1_t), (self.q2, self.q2_t)):
+            b.load_state_dict(a.state_dict())
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=3e-4)
+        self.critic_opt = torch.optim.Adam([*self.q1.parameters(), *self.q2.parameters()], lr=3e-4)
+        self.updates = 0
+
+    def act(self, obs: np.ndarray) -> np.ndarray:
+        with self.torch.no_grad():
+            x = self.torch.as_tensor(obs, device=self.device)
+            return self.torch.tanh(self.actor(x)).cpu().numpy()
+
+    def train(self, buf, prioritized: bool, beta: float) -> None:
+        torch = self.torch
+        obs, act, rew, nxt, nd, w, idx = buf.sample(256, beta)
+        obs, act, rew, nxt, nd, w = (torch.as_tensor(np.asarray(x, np.float32), device=self.device)
+                                     for x in (obs, act, rew, nxt, nd, w))
+        with torch.no_grad():
+            noise = (torch.randn_like(act) * 0.2).clamp(-0.5, 0.5)
+            a2 = (torch.tanh(self.actor_t(nxt)) + noise).clamp(-1.0, 1.0)
+            sa2 = torch.cat([nxt, a2], 1)
+            y = rew + 0.99 * nd * torch.min(self.q1_t(sa2), self.q2_t(sa2)).squeeze(1)
+        sa = torch.cat([obs, act], 1)
+        d1, d2 = self.q1(sa).squeeze(1) - y, self.q2(sa).squeeze(1) - y
+        if prioritized:
+            loss = (w * d1 * d1).mean() + (w * d2 * d2).mean()
+        else:
+            loss = (d1 * d1).mean() + (d2 * d2).mean()
+        self.critic_opt.zero_grad()
+        loss.backward()
+        self.critic_opt.step()
+        if prioritized:
+            buf.update(idx, torch.max(d1.abs(), d2.abs()).detach().cpu().numpy().astype(np.float64))
+        self.updates += 1
+        if self.updates % 2 == 0:
+            actor_loss = -self.q1(torch.cat([obs, torch.tanh(self.actor(obs))], 1)).mean()
+            self.actor_opt.zero_grad()
+            actor_loss.backward()
+            self.actor_opt.step()
+            with torch.no_grad():
+                for a, b in ((self.actor, self.actor_t), (self.q1, self.q1_t), (self.q2, self.q2_t)):
+                    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+                        q.lerp_(p, 0.005)
+
+
+def _fill_data(n: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    return {"obs": rng.standard_normal((n, OBS), dtype=np.float32),
+            "action": rng.uniform(-1, 1, (n, ACT)).astype(np.float32),
+            "reward": rng.standard_normal(n, dtype=np.float32),
+            "next_obs": rng.standard_normal((n, OBS), dtype=np.float32),
+            "not_done": (rng.random(n) > 0.01).astype(np.float32)}
+
+
+def _round(agent, buf: _Timed, prioritized: bool, steps: int, rng, sync) -> tuple[float, float]:
+    """(seconds per step, buffer seconds per step) over ``steps`` steps of act + add + one update."""
+    buf.seconds = 0.0
+    obs = rng.standard_normal(OBS, dtype=np.float32)
+    t0 = time.perf_counter()
+    for t in range(steps):
+        a = np.clip(agent.act(obs) + rng.normal(0, 0.1, ACT), -1, 1).astype(np.float32)
+        nxt = rng.standard_normal(OBS, dtype=np.float32)
+        buf.add(obs, a, float(rng.standard_normal()), nxt, 1.0)
+        obs = nxt
+        agent.train(buf, prioritized, 0.4 + 0.6 * t / steps)
+    sync()
+    return (time.perf_counter() - t0) / steps, buf.seconds / steps
+
+
+NAMES = ("perx.Uniform", "perx.Proportional", "cpprb PER")
+
+
+def run(n: int = 1_000_000, steps: int = 500, rounds: int = 5, device: str | None = None, seed: int = 0,
+        log=print) -> dict:
+    import torch
+
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(1)
+    dev = torch.device(device)
+    sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
+    data = _fill_data(n, seed)
+    setups, skipped = {}, {}
+    for name in NAMES:
+        try:
+            inner = make(name, n + steps * rounds + 1, seed)
+        except ImportError as err:
+            skipped[name] = f"not installed ({err.name or err})"
+            continue
+        inner.fill(data)
+        setups[name] = (_TD3(dev, seed), _Timed(inner), inner.prioritized, np.random.default_rng(seed))
+    for agent, buf, prio, rng in setups.values():  # warm-up: kernels compiled, CUDA initialised
+        _round(agent, buf, prio, 20, rng, sync)
+    times = {name: {"step": [], "buffer": []} for name in setups}
+    for r in range(rounds):
+        for name, (agent, buf, prio, rng) in setups.items():
+            step, bufs = _round(agent, buf, prio, steps, rng, sync)
+            times[name]["step"].append(step)
+            times[name]["buffer"].append(bufs)
+            log(f"round {r + 1}/{rounds} {name}: step {step * 1e3:.2f} ms, buffer {bufs * 1e6:.1f} us")
+    return {"times": times, "skipped": skipped, "n": n, "steps": steps, "rounds": rounds, "device": str(dev),
+            "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+            "torch": torch.__version__}
+
+
+def table(result: dict, command: str) -> str:
+    import perx
+
+    t = result["times"]
+    med = {k: {m: statistics.median(v[m]) for m in ("step", "buffer")} for k, v in t.items()}
+    uni = med.get("perx.Uniform")
+    where = result["gpu"] or f"CPU, one torch thread ({platform.machine()})"
+    lines = ["# Buffer time inside a TD3-style loop", "", f"Command: `{command}`", "",
+             f"{where}; torch {result['torch']}, perx {perx.__version__}. Buffer filled to N = {result['n']:,}; "
+             f"{result['rounds']} interleaved rounds of {result['steps']} steps (act, add, one critic update with "
+             "batch 256, the actor every second step); medians over rounds. Buffer time = the add, sample and "
+             "priority-update calls, timed inside the loop. Extra = (buffer time - perx.Uniform's buffer time) / "
+             "perx.Uniform's step time.", "",
+             "| buffer | buffer µs per step | step ms | extra over uniform | rounds: buffer µs |",
+             "|---|---|---|---|---|"]
+    for name, m in med.items():
+        extra = "-" if uni is None or name == "perx.Uniform" else \
+            f"{(m['buffer'] - uni['buffer']) / uni['step'] * 100:+.2f}%"
+        rounds = ", ".join(f"{x * 1e6:.0f}" for x in t[name]["buffer"])
+        lines.append(f"| {name} | {m['buffer'] * 1e6:.1f} | {m['step'] * 1e3:.2f} | {extra} | {rounds} |")
+    if result["skipped"]:
+        lines += ["", "Skipped: " + "; ".join(f"{k}: {v}" for k, v in result["skipped"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None, prog: str = "perx bench-loop") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=1_000_000, help="transitions in the buffer before timing")
+    p.add_argument("--steps", type=int, default=500, help="steps per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
+    p.add_argument("--out", default=None, help="write the markdown table here")
+    args = p.parse_args(argv)
+    result = run(args.n, args.steps, args.rounds, args.device)
+    md = table(result, " ".join([prog, *argv]))
+    print(md)
+    if args.out:
+        Path(args.out).write_text(md)
+    return 0

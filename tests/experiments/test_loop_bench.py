@@ -1,0 +1,40 @@
+"""The in-loop buffer benchmark: each buffer's calls are timed and only they count as buffer time."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from perx.experiments import loop_bench  # noqa: E402
+
+
+def test_timed_wrapper_counts_only_the_time_inside_the_buffer():
+    class Slow:
+        def sample(self, b, beta):
+            import time
+
+            time.sleep(0.01)
+            return b
+
+    timed = loop_bench._Timed(Slow())
+    assert timed.sample(3, 0.4) == 3
+    assert 0.009 < timed.seconds < 0.1
+
+
+def test_a_tiny_run_times_every_buffer_and_reports_the_extra_over_uniform(tmp_path):
+    result = loop_bench.run(n=300, steps=5, rounds=2, device="cpu", log=lambda *_: None)
+    times = result["times"]
+    assert {"perx.Uniform", "perx.Proportional"} <= times.keys()
+    for t in times.values():
+        assert len(t["step"]) == 2 and all(0 < b < s for b, s in zip(t["buffer"], t["step"], strict=True))
+    md = loop_bench.table(result, "perx bench-loop")
+    assert "| perx.Proportional |" in md and "%" in md
+
+
+def test_the_prioritized_buffer_receives_the_critics_errors():
+    buf = loop_bench.make("perx.Proportional", 64, 0)
+    buf.fill(loop_bench._fill_data(64, 0))
+    agent = loop_bench._TD3(__import__("torch").device("cpu"), 0)
+    agent.train(buf, True, 0.4)
+    # new transitions hold priority 1; the 256 draws' priorities were rewritten by |delta| + eps
+    assert not np.all(buf.buf.priorities(np.arange(64)) == 1.0)
