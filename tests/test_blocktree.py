@@ -72,6 +72,7 @@ def test_block_search_clamps_into_the_left_when_the_right_half_of_a_line_is_empt
 def test_masses_start_on_a_cache_line():
     for n in (8, 1000, 1 << 16):
         assert _blocktree.aligned_zeros(n).ctypes.data % 64 == 0
+        assert _blocktree.aligned_heap(n).ctypes.data % 64 == 0
 
 
 def test_incremental_block_updates_equal_a_rebuild():

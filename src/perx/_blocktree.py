@@ -33,6 +33,14 @@ def layout(leaves: int) -> tuple[int, int]:
     return g, leaves // g
 
 
+def aligned_heap(nblocks: int) -> np.ndarray:
+    """The [sum, min] heap, float64 [2 * nblocks, 2], on a 64-byte boundary (so rows 4k..4k+3 share a line),
+    sums 0 and minima +inf."""
+    heap = aligned_zeros(4 * nblocks).reshape(2 * nblocks, 2)
+    heap[:, 1] = np.inf
+    return heap
+
+
 def aligned_zeros(n: int, align: int = 64) -> np.ndarray:
     """float64 zeros [n] whose first element starts on an ``align``-byte boundary (so a block of 8 masses
     is one cache line, not two)."""
@@ -77,10 +85,30 @@ def find(heap, mass, nblocks, g, targets, out):
     node = np.ones(n, np.int64)
     t = targets.copy()
     width = nblocks
-    while width > 1:
-        # Branch-free: which way a draw goes is a coin flip the CPU cannot predict, and a mispredicted
-        # branch per level cost more than the memory reads. An empty right subtree keeps the draw left
-        # (t can pass the left one only through rounding then).
+    while width >= 4:
+        # Two levels per step from the four grandchildren, rows 4k..4k+3: one aligned 64-byte line. The
+        # children's sums are formed from them exactly as the heap stores them (a node is always its
+        # children's sum), so every comparison sees the stored values. Branch-free: which way a draw goes
+        # is a coin flip the CPU cannot predict, and a mispredicted branch per level cost more than the
+        # memory reads. An empty right subtree keeps the draw left (t passes the left one only through
+        # rounding then).
+        for b in range(n):
+            q = 4 * node[b]
+            g0 = heap[q, 0]
+            g1 = heap[q + 1, 0]
+            g2 = heap[q + 2, 0]
+            g3 = heap[q + 3, 0]
+            left = g0 + g1
+            tb = t[b]
+            r = (tb >= left) & (g2 + g3 > 0.0)
+            tb = tb - left if r else tb
+            a = g2 if r else g0
+            c = g3 if r else g1
+            r2 = (tb >= a) & (c > 0.0)
+            t[b] = tb - a if r2 else tb
+            node[b] = q + 2 * r + r2
+        width >>= 2
+    if width == 2:
         for b in range(n):
             k = 2 * node[b]
             left = heap[k, 0]
@@ -88,7 +116,6 @@ def find(heap, mass, nblocks, g, targets, out):
             right = (tb >= left) & (heap[k + 1, 0] > 0.0)
             t[b] = tb - left if right else tb
             node[b] = k + right
-        width >>= 1
     for b in range(n):
         lo = (node[b] - nblocks) * g
         tb = t[b]
@@ -106,45 +133,52 @@ def find(heap, mass, nblocks, g, targets, out):
 @njit(cache=True, nogil=True)
 def propagate(heap, mass, nblocks, g, slots, count):
     """Recompute the blocks of ``slots[:count]`` from their masses, then their ancestors level by level.
-    Parents are always recomputed from children, never adjusted by deltas, so nothing drifts. A sum changes
-    with any new mass and is recomputed up to the root; a minimum is recomputed only above a child whose
-    minimum changed (the rest of its path would be rewritten with the value it already holds)."""
+
+    Parents are always recomputed from children, never adjusted by deltas, so nothing drifts. At each level
+    the paths that meet (consecutive entries with the same parent, as sorted slots give) merge into one, so
+    the upper levels cost what their few distinct nodes cost. A sum changes with any new mass and is
+    recomputed up to the root; a minimum is recomputed only above a child whose minimum changed (the rest of
+    its path would be rewritten with the value it already holds).
+    """
     pos = np.empty(count, np.int64)
-    changed = np.empty(count, np.bool_)  # did this path's node minimum change at the current level
+    changed = np.empty(count, np.bool_)  # did the minimum of node pos[i] change
+    cnt = 0
     last = -1
-    moved = False
     for b in range(count):
         j = slots[b] // g
-        pos[b] = j + nblocks
         if j != last:
-            heap[nblocks + j, 0] = pair_sum(mass, j * g, g)
-            m = block_min(mass, j * g, g)
-            moved = m != heap[nblocks + j, 1]
-            heap[nblocks + j, 1] = m
             last = j
-        changed[b] = moved
+            k = nblocks + j
+            heap[k, 0] = pair_sum(mass, j * g, g)
+            m = block_min(mass, j * g, g)
+            changed[cnt] = m != heap[k, 1]
+            heap[k, 1] = m
+            pos[cnt] = k
+            cnt += 1
     width = nblocks
     while width > 1:
+        merged = 0
         last = -1
-        done = False  # the minimum of node `last` was recomputed at this level
-        moved = False
-        for b in range(count):
+        for b in range(cnt):
             p = pos[b] >> 1
-            pos[b] = p
-            k = 2 * p
             if p != last:
                 last = p
-                heap[p, 0] = heap[k, 0] + heap[k + 1, 0]
-                done = False
-                moved = False
-            if changed[b] and not done:
+                pos[merged] = p
+                changed[merged] = changed[b]
+                merged += 1
+            elif changed[b]:
+                changed[merged - 1] = True
+        cnt = merged
+        for b in range(cnt):
+            p = pos[b]
+            k = 2 * p
+            heap[p, 0] = heap[k, 0] + heap[k + 1, 0]
+            if changed[b]:
                 a = heap[k, 1]
                 c = heap[k + 1, 1]
                 m = a if a <= c else c
-                moved = m != heap[p, 1]
+                changed[b] = m != heap[p, 1]
                 heap[p, 1] = m
-                done = True
-            changed[b] = moved
         width >>= 1
 
 

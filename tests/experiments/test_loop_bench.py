@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from perx.experiments import loop_bench  # noqa: E402
+from perx.experiments import loop_bench
 
 
 def test_timed_wrapper_counts_only_the_time_inside_the_buffer():

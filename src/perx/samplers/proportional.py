@@ -230,8 +230,7 @@ class Proportional(Sampler):
         self._g, self._nblocks = _blocktree.layout(leaves)
         self._mass = _blocktree.aligned_zeros(leaves)
         # row k of the heap is [sum_k, min_k]: an update's min path shares the cache lines of its sum path
-        self._heap = np.zeros((2 * self._nblocks, 2))
-        self._heap[:, 1] = np.inf
+        self._heap = _blocktree.aligned_heap(self._nblocks)
         track = self.max_priority_mode == "buffer"
         # An unused max tree is a 2-element placeholder so the kernels keep one signature.
         self.max_tree = MaxTree(capacity if track else 1)
