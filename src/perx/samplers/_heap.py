@@ -28,37 +28,43 @@ def before(keys, ids, a, b):
     return ka > kb or (ka == kb and ids[a] < ids[b])
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _swap(keys, ids, pos, a, b, capacity):
-    ka = keys[a]
-    keys[a] = keys[b]
-    keys[b] = ka
-    ia = ids[a]
-    ids[a] = ids[b]
-    ids[b] = ia
-    pos[ids[a] % capacity] = a
-    pos[ids[b] % capacity] = b
-
-
 @njit(cache=True, nogil=True)
 def sift(keys, ids, pos, h, size, capacity):
-    """Restore the heap order around position h (moves up or down); O(log size)."""
+    """Restore the heap order around position h (moves up or down); O(log size).
+
+    The entry is held aside while the entries it passes move into the hole one level at a time, and is
+    written once where it stops: one ``pos`` write per level instead of a swap's two (``pos`` is indexed by
+    slot, so each write is a cache miss). The arrays end exactly as with swaps.
+    """
+    key = keys[h]
+    iid = ids[h]
+    start = h
     while h > 0:
         parent = (h - 1) >> 1
-        if not before(keys, ids, h, parent):
+        kp = keys[parent]
+        if not (key > kp or (key == kp and iid < ids[parent])):
             break
-        _swap(keys, ids, pos, h, parent, capacity)
+        keys[h] = kp
+        ids[h] = ids[parent]
+        pos[ids[h] % capacity] = h
         h = parent
-    while True:
-        child = 2 * h + 1
-        if child >= size:
-            break
-        if child + 1 < size and before(keys, ids, child + 1, child):
-            child += 1
-        if not before(keys, ids, child, h):
-            break
-        _swap(keys, ids, pos, h, child, capacity)
-        h = child
+    if h == start:  # it did not move up, so it may have to move down
+        while True:
+            child = 2 * h + 1
+            if child >= size:
+                break
+            if child + 1 < size and before(keys, ids, child + 1, child):
+                child += 1
+            kc = keys[child]
+            if not (kc > key or (kc == key and ids[child] < iid)):
+                break
+            keys[h] = kc
+            ids[h] = ids[child]
+            pos[ids[h] % capacity] = h
+            h = child
+    keys[h] = key
+    ids[h] = iid
+    pos[iid % capacity] = h
     return h
 
 
