@@ -305,7 +305,7 @@ class Storage:
         (one or two cache lines each), then split into the fields, all of them in one allocation.
         O(B * row_bytes)."""
         layout = self._layout
-        if layout.loose or slots.shape[0] < _KERNEL_GATHER_MIN:
+        if layout.loose or slots.shape[0] < _KERNEL_GATHER_MIN or layout.row_bytes > _KERNEL_GATHER_MAX_ROW:
             return {name: arr[slots] for name, arr in self.data.items()}
         rec = np.empty((), layout.batch_dtype(slots.shape[0]))
         _gather_rows(self._rows64, slots, rec.reshape(1).view(np.uint8), layout.src, layout.nbytes, layout.unit)
@@ -315,6 +315,9 @@ class Storage:
 #: Below this batch size numpy's per-field gather is cheaper than one kernel call and the batch's views
 #: (measured at N = 1e6 with six fields: 3.0 vs 3.7 us at B = 1, 5.7 vs 5.1 us at B = 32, 22.7 vs 15.3 at 256).
 _KERNEL_GATHER_MIN = 16
+#: Above this row size numpy's per-field gather (a memcpy per row and field) wins: the kernel's whole-row
+#: scratch copy doubles the traffic of large rows (Atari stacks stored twice per row: 2.2x slower at B = 256).
+_KERNEL_GATHER_MAX_ROW = 512
 
 
 class _RowLayout:
