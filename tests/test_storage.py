@@ -145,3 +145,30 @@ def test_a_field_view_is_loaded_in_chunks_of_rows(tmp_path, monkeypatch):
     buf.save(tmp_path / "b.perx")
     twin = perx.ReplayBuffer.load(tmp_path / "b.perx")
     np.testing.assert_array_equal(twin._storage.rows, buf._storage.rows)
+
+
+@pytest.mark.parametrize("copier", ["deepcopy", "pickle"])
+def test_a_copied_buffer_samples_its_own_new_rows(copier):
+    import copy
+    import pickle
+
+    buf = perx.ReplayBuffer(100, perx.Uniform(), seed=0)
+    buf.extend(obs=np.zeros((100, 3), np.float32), flag=np.zeros(100, bool))
+    twin = copy.deepcopy(buf) if copier == "deepcopy" else pickle.loads(pickle.dumps(buf))
+    twin.extend(obs=np.ones((100, 3), np.float32), flag=np.ones(100, bool))
+    for b in (15, 16, 64):  # the numpy path and the compiled gather see the same rows
+        batch = twin.sample(b)
+        assert (batch["obs"] == 1.0).all() and batch["flag"].all()
+    assert (buf.sample(64)["obs"] == 0.0).all()  # the original is untouched
+    assert np.shares_memory(twin._storage.data["obs"], twin._storage.rows)
+
+
+def test_fields_aligned_beyond_8_bytes_or_not_named_by_strings_are_kept_apart():
+    st = Storage(40, {"x": ((3,), np.longdouble), "y": ((), np.float32)})
+    assert "x" not in st._layout.offset and st.data["x"].flags.aligned
+    arrays, rows, _ = st.prepare({"x": np.ones((40, 3), np.longdouble), "y": np.arange(40.0)}, batched=True)
+    st.write(arrays, rows, None, batched=True)
+    out = st.gather(np.arange(20, dtype=np.int64))
+    assert out["x"].dtype == np.longdouble and out["y"].tolist() == list(range(20))
+    odd = Storage(40, {1: ((), np.float32), "z": ((), np.int64)})
+    assert odd.gather(np.arange(20, dtype=np.int64))[1].shape == (20,)

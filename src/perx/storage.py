@@ -144,6 +144,32 @@ class Storage:
     def __len__(self) -> int:
         return min(self.next_id, self.capacity)
 
+    # The field views share the rows' memory; a copy or a pickle of the views would not. So a copied or
+    # unpickled storage keeps the rows (and the fields kept apart) and rebuilds the views from them.
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_rows64", None)
+        if self.spec is not None:
+            state["data"] = {n: a for n, a in self.data.items() if n not in self._layout.offset}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.spec is not None:
+            self._rows64 = self.rows.view(np.uint64)
+            self.data = self._views(self.spec, self._layout, self.rows, self.data)
+
+    def _views(self, spec: dict, layout: _RowLayout, rows: np.ndarray, apart: dict) -> dict[str, np.ndarray]:
+        """The field arrays in spec order: views into ``rows``, or the arrays kept apart."""
+        data = {}
+        for name, f in spec.items():
+            if name in layout.offset:
+                start = layout.offset[name]
+                data[name] = rows[:, start : start + layout.size[name]].view(f.dtype).reshape(self.capacity, *f.shape)
+            else:
+                data[name] = apart[name]
+        return data
+
     @property
     def nbytes(self) -> int:
         """Bytes held by the field arrays, the padding of each row to 8 bytes included (0 before the layout
@@ -164,14 +190,13 @@ class Storage:
                 f"{_nbytes(1, spec)} bytes each ({_nbytes(self.capacity, spec) / 2**30:.3g} GiB) for the fields "
                 f"{sorted(spec)}: {type(err).__name__}; choose a smaller capacity"
             ) from None
-        data = {}
-        for name, f in spec.items():
-            if name in layout.offset:
-                start = layout.offset[name]
-                size = layout.size[name]
-                data[name] = rows[:, start : start + size].view(f.dtype).reshape(self.capacity, *f.shape)
-            else:  # a field of zero bytes (a 0 in its shape) has no place in a row
-                data[name] = np.zeros((self.capacity, *f.shape), f.dtype)
+        try:
+            apart = {name: np.zeros((self.capacity, *f.shape), f.dtype) for name, f in spec.items()
+                     if name not in layout.offset}
+        except (MemoryError, ValueError) as err:
+            raise MemoryError(f"capacity: cannot allocate {self.capacity} transitions for the fields {sorted(spec)}: "
+                              f"{type(err).__name__}; choose a smaller capacity") from None
+        data = self._views(spec, layout, rows, apart)
         self.spec = spec
         self.data = data
         #: uint8 [capacity, row_bytes]: every packed field of a transition in one row.
@@ -302,7 +327,9 @@ class Storage:
     def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
         """Copies of every field at ``slots`` (int64 [B], each in [0, capacity)); each array is
         [B, *field_shape], C-contiguous, in spec order. One compiled call: the B rows are copied out whole
-        (one or two cache lines each), then split into the fields, all of them in one allocation.
+        (one or two cache lines each), then split into the fields, all of them in one allocation (a kept field
+        keeps the whole batch's memory alive). Slots are not bounds-checked here: samplers hand out slots in
+        [0, capacity). B < 16, rows over 512 bytes and layouts with fields kept apart use numpy per field.
         O(B * row_bytes)."""
         layout = self._layout
         if layout.loose or slots.shape[0] < _KERNEL_GATHER_MIN or layout.row_bytes > _KERNEL_GATHER_MAX_ROW:
@@ -327,18 +354,20 @@ class _RowLayout:
 
     def __init__(self, spec: dict[str, FieldSpec]) -> None:
         sizes = {n: int(np.prod(f.shape, dtype=np.int64)) * f.dtype.itemsize for n, f in spec.items()}
-        packed = [n for n in spec if sizes[n] > 0]
+        # zero-byte fields, fields aligned beyond 8 bytes (long double) and non-string names (a structured
+        # dtype needs strings) stay apart as ordinary arrays
+        packed = [n for n in spec if sizes[n] > 0 and spec[n].dtype.alignment <= 8 and isinstance(n, str)]
         order = sorted(packed, key=lambda n: (sizes[n] % 8 != 0, -spec[n].dtype.itemsize))
         self.offset: dict[str, int] = {}
         self.size = sizes
         pos = 0
         for n in order:
-            align = min(spec[n].dtype.alignment, 8)
+            align = spec[n].dtype.alignment
             pos = -(-pos // align) * align
             self.offset[n] = pos
             pos += sizes[n]
         self.row_bytes = -(-pos // 8) * 8
-        #: a zero-byte field, or none at all in the rows: gathered by numpy (Storage.gather)
+        #: a field kept apart, or none at all in the rows: gathered by numpy (Storage.gather)
         self.loose = len(packed) < len(spec) or not packed
         self.spec = spec
         self.names = list(spec)
