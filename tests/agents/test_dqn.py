@@ -309,3 +309,17 @@ def test_study_spec_accepts_rule_variants_and_refuses_unknown_rules(tmp_path):
         spec(["per+nonsense"])
     with pytest.raises(SystemExit, match="unknown"):
         spec(["nonsense+asymmetric"])
+
+
+def test_paired_table_counts_seeds_and_gives_the_exact_wilcoxon_p():
+    from perx.experiments.study import _paired_lines
+
+    finals = {"E": {"uniform": {s: 1.0 + 0.1 * s for s in range(6)},
+                    "per": {s: 2.0 + 0.1 * s for s in range(6)},
+                    "lap": {s: 2.0 + 0.1 * s + (0.01 if s % 2 else -0.01) * (s + 1) for s in range(6)}}}
+    lines = _paired_lines(finals, ["E"], ["uniform", "per", "lap"])
+    # per beats uniform on all 6 seeds: the exact two-sided signed-rank p is 2 / 2^6
+    assert "| E | - | 6/6, p = 0.031 |" in lines[3]
+    vs_per = lines[-1]
+    assert vs_per.startswith("| E | 0/6, p = 0.031 | - | 3/6,")
+    assert _paired_lines({"E": {"uniform": {0: 1.0}, "per": {0: 2.0}}}, ["E"], ["uniform", "per"])[-1] == "| E | - | - |"

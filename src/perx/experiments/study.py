@@ -285,9 +285,39 @@ def plot(root: Path, log=print) -> dict:
                     gains) % 2 else (sorted(gains)[len(gains) // 2 - 1] + sorted(gains)[len(gains) // 2]) / 2
                 cells.append(f"{100 * value:+.1f}%")
             lines.append(f"| {stat} | " + " | ".join(cells) + " |")
+    lines += _paired_lines(finals, envs, variants)
     (root / "table.md").write_text("\n".join(lines) + "\n")
     log(f"wrote {root / 'curves.png'}, {root / 'table.md'}, {root / 'final.csv'}")
     return {"finals": finals, "means": means}
+
+
+def _paired_lines(finals: dict, envs: list, variants: list, min_pairs: int = 5) -> list[str]:
+    """Per environment, each variant against uniform and per, paired by seed (a seed fixes the environment's
+    and the network's randomness in every variant): the seeds on which it scored higher, and the two-sided
+    p-value of the Wilcoxon signed-rank test (exact for small samples). Needs min_pairs common seeds."""
+    from scipy import stats
+
+    out = []
+    for ref in ("uniform", "per"):
+        if ref not in variants:
+            continue
+        out += ["", f"| paired by seed vs {ref}: seeds higher, Wilcoxon p | " + " | ".join(variants) + " |",
+                "|---|" + "---|" * len(variants)]
+        for env in envs:
+            cells = []
+            for v in variants:
+                a, b = finals.get(env, {}).get(v, {}), finals.get(env, {}).get(ref, {})
+                common = sorted(set(a) & set(b))
+                if v == ref or len(common) < min_pairs:
+                    cells.append("-")
+                    continue
+                x = [a[k] for k in common]
+                y = [b[k] for k in common]
+                higher = sum(p > q for p, q in zip(x, y, strict=True))
+                p = stats.wilcoxon(x, y).pvalue if any(p != q for p, q in zip(x, y, strict=True)) else 1.0
+                cells.append(f"{higher}/{len(common)}, p = {p:.3f}")
+            out.append(f"| {env} | " + " | ".join(cells) + " |")
+    return out
 
 
 # -- commands -----------------------------------------------------------------------------------------
