@@ -322,4 +322,5 @@ def test_paired_table_counts_seeds_and_gives_the_exact_wilcoxon_p():
     assert "| E | - | 6/6, p = 0.031 |" in lines[3]
     vs_per = lines[-1]
     assert vs_per.startswith("| E | 0/6, p = 0.031 | - | 3/6,")
-    assert _paired_lines({"E": {"uniform": {0: 1.0}, "per": {0: 2.0}}}, ["E"], ["uniform", "per"])[-1] == "| E | - | - |"
+    too_few = {"E": {"uniform": {0: 1.0}, "per": {0: 2.0}}}
+    assert _paired_lines(too_few, ["E"], ["uniform", "per"])[-1] == "| E | - | - |"
