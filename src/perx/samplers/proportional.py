@@ -225,8 +225,8 @@ class Proportional(Sampler):
         if not _mass(self.initial_priority, self.alpha) <= self.max_mass:
             raise ValueError(f"min_priority/eps: the initial priority {self.initial_priority!r} ** alpha "
                              f"exceeds the largest mass {self.max_mass:.3g} for capacity {capacity}")
-        # Masses in aligned lines of 8; the sum and min heaps start at the block level (perx._blocktree):
-        # 2 MB each at N = 1e6, so a descent stays in L2 until its last, unavoidable, line.
+        # Masses in aligned lines of 8; the [sum, min] heap starts at the block level (perx._blocktree): 4 MB
+        # at N = 1e6, about the L2 size, so a descent misses little before its last, unavoidable, line.
         self._g, self._nblocks = _blocktree.layout(leaves)
         self._mass = _blocktree.aligned_zeros(leaves)
         # row k of the heap is [sum_k, min_k]: an update's min path shares the cache lines of its sum path
