@@ -450,7 +450,8 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer blocks and calls (about a minute)")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000], help="buffer sizes N")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None,
+                        help="buffer sizes N (default 1e6 and 1e7; 1e5 and 1e6 with --quick)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 32, 256], help="batch sizes B")
     parser.add_argument("--blocks", type=int, default=None, help="interleaved timing blocks per cell")
     parser.add_argument("--calls", type=int, default=None, help="calls per block (B <= 64)")
@@ -462,6 +463,8 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
                         help="N of the Atari-frame rows (default 100,000; 20,000 with --quick)")
     parser.add_argument("--out", default=None, help="also write the markdown table to this file")
     args = parser.parse_args(argv)
+    if args.sizes is None:
+        args.sizes = [100_000, 1_000_000] if args.quick else [1_000_000, 10_000_000]
     blocks = args.blocks or (7 if args.quick else 21)
     calls = args.calls or (100 if args.quick else 300)
     command = " ".join([prog, *argv])
