@@ -142,13 +142,10 @@ def propagate(heap, mass, nblocks, g, slots, count):
     """
     pos = np.empty(count, np.int64)
     changed = np.empty(count, np.bool_)  # did the minimum of node pos[i] change
-    shift = 0  # g is a power of two: a shift, not a division by a runtime value (~20x dearer)
-    while (1 << shift) < g:
-        shift += 1
     cnt = 0
     last = -1
     for b in range(count):
-        j = slots[b] >> shift
+        j = slots[b] // g
         if j != last:
             last = j
             k = nblocks + j

@@ -664,23 +664,22 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, into: np.ndarray | 
         if into is not None:
             if shape != into.shape or dtype != into.dtype:
                 raise _LoadError(f"{what}: saved {dtype}{shape} does not match the field's {into.dtype}{into.shape}")
-            if not into.flags.c_contiguous:  # a field's view into the storage's rows
-                _read_rows(fp, into, what)
-                return into
             out = into
         else:
             count = int(np.prod(shape, dtype=np.int64))
             if count * dtype.itemsize > info.file_size:
                 raise _LoadError(f"{what}: declares {dtype}{shape}, more than the member holds")
             out = np.empty(shape, dtype)
-        view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(bytearray())
-        got = 0
-        while got < len(view):  # in chunks, so a large field never has a second copy in memory
-            n = fp.readinto(view[got : got + _CHUNK])
-            if not n:
-                break
-            got += n
-        if got != out.nbytes or fp.read(1):  # reading to the end also makes zipfile check the CRC
+        if out.flags.c_contiguous:
+            _read_exact(fp, out, what)
+        else:  # a field's view into the storage's rows: a chunk of rows at a time through a contiguous buffer
+            step = max(1, _CHUNK // max(out[0].nbytes, 1))
+            for start in range(0, len(out), step):
+                part = out[start : start + step]
+                tmp = np.empty(part.shape, part.dtype)
+                _read_exact(fp, tmp, what)
+                part[...] = tmp
+        if fp.read(1):  # reading to the end also makes zipfile check the CRC
             raise _LoadError(f"{what}: the member is truncated or has trailing bytes")
     return out
 
@@ -688,24 +687,16 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, into: np.ndarray | 
 _CHUNK = 1 << 24
 
 
-def _read_rows(fp, into: np.ndarray, what: str) -> None:
-    """Read C-ordered .npy data into a strided array (a field view of the row storage), a chunk of rows at a
-    time through a contiguous buffer, so no second full copy of the field is made."""
-    per_row = into[0].nbytes if len(into) else 0
-    step = max(1, _CHUNK // max(per_row, 1))
-    for start in range(0, len(into), step):
-        part = into[start : start + step]
-        tmp = np.empty(part.shape, part.dtype)
-        view = memoryview(tmp.reshape(-1).view(np.uint8)) if tmp.size else memoryview(bytearray())
-        got = 0
-        while got < len(view):
-            n = fp.readinto(view[got:])
-            if not n:
-                raise _LoadError(f"{what}: the member is truncated or has trailing bytes")
-            got += n
-        part[...] = tmp
-    if fp.read(1):  # reading to the end also makes zipfile check the CRC
-        raise _LoadError(f"{what}: the member is truncated or has trailing bytes")
+def _read_exact(fp, arr: np.ndarray, what: str) -> None:
+    """Fill the C-contiguous ``arr`` from ``fp`` in chunks of at most _CHUNK bytes (so a large field never has
+    a second copy in memory); _LoadError if the member ends first."""
+    view = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(bytearray())
+    got = 0
+    while got < len(view):
+        n = fp.readinto(view[got : got + _CHUNK])
+        if not n:
+            raise _LoadError(f"{what}: the member is truncated or has trailing bytes")
+        got += n
 
 
 def _parse_meta(meta: dict) -> tuple[int, int, dict | None, Sampler, Episodes | None]:

@@ -184,18 +184,14 @@ class Storage:
         try:
             layout = _RowLayout(spec)
             rows = np.zeros((self.capacity, layout.row_bytes), np.uint8)
+            apart = {name: np.zeros((self.capacity, *f.shape), f.dtype) for name, f in spec.items()
+                     if name not in layout.offset}
         except (MemoryError, ValueError) as err:
             raise MemoryError(
                 f"capacity: cannot allocate {self.capacity} transitions of "
                 f"{_nbytes(1, spec)} bytes each ({_nbytes(self.capacity, spec) / 2**30:.3g} GiB) for the fields "
                 f"{sorted(spec)}: {type(err).__name__}; choose a smaller capacity"
             ) from None
-        try:
-            apart = {name: np.zeros((self.capacity, *f.shape), f.dtype) for name, f in spec.items()
-                     if name not in layout.offset}
-        except (MemoryError, ValueError) as err:
-            raise MemoryError(f"capacity: cannot allocate {self.capacity} transitions for the fields {sorted(spec)}: "
-                              f"{type(err).__name__}; choose a smaller capacity") from None
         data = self._views(spec, layout, rows, apart)
         self.spec = spec
         self.data = data

@@ -34,7 +34,7 @@ def test_a_tiny_run_times_every_buffer_and_reports_the_extra_over_uniform(tmp_pa
 def test_the_prioritized_buffer_receives_the_critics_errors():
     buf = loop_bench.make("perx.Proportional", 64, 0)
     buf.fill(loop_bench._fill_data(64, 0))
-    agent = loop_bench._TD3(__import__("torch").device("cpu"), 0)
-    agent.train(buf, True, 0.4)
+    agent = loop_bench.TD3(loop_bench.OBS, loop_bench.ACT, 1.0, 0)
+    agent.train(buf, "per", 0.4)
     # new transitions hold priority 1; the 256 draws' priorities were rewritten by |delta| + eps
     assert not np.all(buf.buf.priorities(np.arange(64)) == 1.0)

@@ -318,13 +318,14 @@ def progress_bar(progress: bool, total: int, initial: int, desc: str):
     return tqdm(total=total, initial=initial, desc=desc, unit="step", mininterval=2.0, leave=False)
 
 
-def write_metrics(d: Path, rows: list[dict]) -> None:
+def write_metrics(d: Path, rows: list[dict], columns: Sequence[str] = METRICS) -> None:
+    """``d/metrics.csv`` with ``columns`` of ``rows``, replaced atomically."""
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / "metrics.csv.tmp"
     with open(tmp, "w") as f:
-        f.write(",".join(METRICS) + "\n")
+        f.write(",".join(columns) + "\n")
         for row in rows:
-            f.write(",".join(f"{row[k]:.6g}" if isinstance(row[k], float) else str(row[k]) for k in METRICS) + "\n")
+            f.write(",".join(f"{row[k]:.6g}" if isinstance(row[k], float) else str(row[k]) for k in columns) + "\n")
     os.replace(tmp, d / "metrics.csv")
 
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import perx
 from perx.agents.dqn import network_for
 from perx.agents.envs import make_env, network_input
-from perx.agents.runner import METRICS, versions
+from perx.agents.runner import METRICS, progress_bar, versions, write_metrics
 from perx.distributed.replay import ShardedReplay, _restarted
 
 #: variant -> (sampler factory, Huber threshold kappa, initial beta); 000 Sec. 3-4 and 004 Sec. 5
@@ -328,7 +328,7 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
     learn_started = None
     next_eval = cfg.eval_every
     killed = killed_actor = False
-    bar = _bar(progress, cfg.total_steps, f"apex {cfg.env_id} {cfg.variant}")
+    bar = progress_bar(progress, cfg.total_steps, 0, f"apex {cfg.env_id} {cfg.variant}")
 
     def record() -> None:
         ret = evaluate(cfg, q)
@@ -438,25 +438,8 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
     return rows
 
 
-def _bar(progress: bool, total: int, desc: str):
-    if not progress:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        return None
-    return tqdm(total=total, desc=desc, unit="step", mininterval=2.0, leave=False)
-
-
 def _write(out: Path, cfg: ApexConfig, rows: list[dict], replay: ShardedReplay) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    cols = (*METRICS, *EXTRA_METRICS)
-    tmp = out / "metrics.csv.tmp"
-    with open(tmp, "w") as f:
-        f.write(",".join(cols) + "\n")
-        for row in rows:
-            f.write(",".join(f"{row[k]:.6g}" if isinstance(row[k], float) else str(row[k]) for k in cols) + "\n")
-    os.replace(tmp, out / "metrics.csv")
+    write_metrics(out, rows, (*METRICS, *EXTRA_METRICS))
     v = versions()
     v["ray"] = ray.__version__
     payload = {"config": dataclasses.asdict(cfg), "versions": v,

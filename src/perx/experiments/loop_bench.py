@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from perx.experiments.td3_overhead import TD3
+
 OBS, ACT = 17, 6  # Hopper-like sizes; float32
 
 
@@ -103,66 +105,6 @@ class _Timed:
         return call
 
 
-class _TD3:
-    """Table 6's networks and updates (IS-weighted MSE for the prioritized buffers)."""
-
-    def __init__(self, device, seed: int) -> None:
-        import torch
-        from torch import nn
-
-        torch.manual_seed(seed)
-
-        def mlp(i, o):
-            return nn.Sequential(nn.Linear(i, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, o)).to(
-                device)
-
-        self.torch, self.device = torch, device
-        self.actor, self.actor_t = mlp(OBS, ACT), mlp(OBS, ACT)
-        self.q1, self.q2, self.q1_t, self.q2_t = (mlp(OBS + ACT, 1) for _ in range(4))
-        for a, b in ((self.actor, self.actor_t), (self.q1, self.q1_t), (self.q2, self.q2_t)):
-            b.load_state_dict(a.state_dict())
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=3e-4)
-        self.critic_opt = torch.optim.Adam([*self.q1.parameters(), *self.q2.parameters()], lr=3e-4)
-        self.updates = 0
-
-    def act(self, obs: np.ndarray) -> np.ndarray:
-        with self.torch.no_grad():
-            x = self.torch.as_tensor(obs, device=self.device)
-            return self.torch.tanh(self.actor(x)).cpu().numpy()
-
-    def train(self, buf, prioritized: bool, beta: float) -> None:
-        torch = self.torch
-        obs, act, rew, nxt, nd, w, idx = buf.sample(256, beta)
-        obs, act, rew, nxt, nd, w = (torch.as_tensor(np.asarray(x, np.float32), device=self.device)
-                                     for x in (obs, act, rew, nxt, nd, w))
-        with torch.no_grad():
-            noise = (torch.randn_like(act) * 0.2).clamp(-0.5, 0.5)
-            a2 = (torch.tanh(self.actor_t(nxt)) + noise).clamp(-1.0, 1.0)
-            sa2 = torch.cat([nxt, a2], 1)
-            y = rew + 0.99 * nd * torch.min(self.q1_t(sa2), self.q2_t(sa2)).squeeze(1)
-        sa = torch.cat([obs, act], 1)
-        d1, d2 = self.q1(sa).squeeze(1) - y, self.q2(sa).squeeze(1) - y
-        if prioritized:
-            loss = (w * d1 * d1).mean() + (w * d2 * d2).mean()
-        else:
-            loss = (d1 * d1).mean() + (d2 * d2).mean()
-        self.critic_opt.zero_grad()
-        loss.backward()
-        self.critic_opt.step()
-        if prioritized:
-            buf.update(idx, torch.max(d1.abs(), d2.abs()).detach().cpu().numpy().astype(np.float64))
-        self.updates += 1
-        if self.updates % 2 == 0:
-            actor_loss = -self.q1(torch.cat([obs, torch.tanh(self.actor(obs))], 1)).mean()
-            self.actor_opt.zero_grad()
-            actor_loss.backward()
-            self.actor_opt.step()
-            with torch.no_grad():
-                for a, b in ((self.actor, self.actor_t), (self.q1, self.q1_t), (self.q2, self.q2_t)):
-                    for p, q in zip(a.parameters(), b.parameters(), strict=True):
-                        q.lerp_(p, 0.005)
-
-
 def _fill_data(n: int, seed: int) -> dict:
     rng = np.random.default_rng(seed)
     return {"obs": rng.standard_normal((n, OBS), dtype=np.float32),
@@ -173,7 +115,9 @@ def _fill_data(n: int, seed: int) -> dict:
 
 
 def _round(agent, buf: _Timed, prioritized: bool, steps: int, rng, sync) -> tuple[float, float]:
-    """(seconds per step, buffer seconds per step) over ``steps`` steps of act + add + one update."""
+    """(seconds per step, buffer seconds per step) over ``steps`` steps of act + add + one update, with the TD3
+    of ``perx bench-td3`` (its IS-weighted MSE for the prioritized buffers)."""
+    variant = "per" if prioritized else "uniform"
     buf.seconds = 0.0
     obs = rng.standard_normal(OBS, dtype=np.float32)
     t0 = time.perf_counter()
@@ -182,7 +126,7 @@ def _round(agent, buf: _Timed, prioritized: bool, steps: int, rng, sync) -> tupl
         nxt = rng.standard_normal(OBS, dtype=np.float32)
         buf.add(obs, a, float(rng.standard_normal()), nxt, 1.0)
         obs = nxt
-        agent.train(buf, prioritized, 0.4 + 0.6 * t / steps)
+        agent.train(buf, variant, 0.4 + 0.6 * t / steps)
     sync()
     return (time.perf_counter() - t0) / steps, buf.seconds / steps
 
@@ -209,7 +153,8 @@ def run(n: int = 1_000_000, steps: int = 500, rounds: int = 5, device: str | Non
             skipped[name] = f"not installed ({err.name or err})"
             continue
         inner.fill(data)
-        setups[name] = (_TD3(dev, seed), _Timed(inner), inner.prioritized, np.random.default_rng(seed))
+        setups[name] = (TD3(OBS, ACT, 1.0, seed, device=dev), _Timed(inner), inner.prioritized,
+                        np.random.default_rng(seed))
     for agent, buf, prio, rng in setups.values():  # warm-up: kernels compiled, CUDA initialised
         _round(agent, buf, prio, 20, rng, sync)
     times = {name: {"step": [], "buffer": []} for name in setups}

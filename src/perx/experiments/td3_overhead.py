@@ -96,7 +96,7 @@ def make_buffer(name: str, obs_dim: int, act_dim: int, capacity: int, seed: int)
 class TD3:
     """Table 6's TD3 (one run), the loss and priority of each variant (004 Sec. 6, D.1)."""
 
-    def __init__(self, obs_dim, act_dim, max_action, seed):
+    def __init__(self, obs_dim, act_dim, max_action, seed, device="cpu"):
         import torch
         from torch import nn
 
@@ -104,9 +104,9 @@ class TD3:
 
         def mlp(i, o, tanh=False):
             layers = [nn.Linear(i, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, o)]
-            return nn.Sequential(*layers, *([nn.Tanh()] if tanh else []))
+            return nn.Sequential(*layers, *([nn.Tanh()] if tanh else [])).to(device)
 
-        self.torch = torch
+        self.torch, self.device = torch, device
         self.actor, self.q1, self.q2 = mlp(obs_dim, act_dim, True), mlp(obs_dim + act_dim, 1), mlp(obs_dim + act_dim, 1)
         self.actor_t, self.q1_t, self.q2_t = (mlp(obs_dim, act_dim, True), mlp(obs_dim + act_dim, 1),
                                               mlp(obs_dim + act_dim, 1))
@@ -119,14 +119,15 @@ class TD3:
 
     def act(self, obs):
         with self.torch.no_grad():
-            return self.max_action * self.actor(self.torch.as_tensor(obs, dtype=self.torch.float32)).numpy()
+            x = self.torch.as_tensor(obs, dtype=self.torch.float32, device=self.device)
+            return self.max_action * self.actor(x).cpu().numpy()
 
     def train(self, buf, variant, beta):
         torch = self.torch
         import perx.torch as pt
 
         obs, act, rew, nxt, not_done, w, idx = buf.sample(256, beta)
-        f = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.float32)  # noqa: E731
+        f = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.float32, device=self.device)  # noqa: E731
         obs, act, rew, nxt, not_done, w = map(f, (obs, act, rew, nxt, not_done, w))
         with torch.no_grad():
             noise = (torch.randn_like(act) * 0.2 * self.max_action).clamp(-0.5 * self.max_action,
@@ -148,7 +149,7 @@ class TD3:
         loss.backward()
         self.critic_opt.step()
         if variant not in ("uniform", "perx pal"):
-            buf.update(idx, torch.max(d1.abs(), d2.abs()).detach().numpy())
+            buf.update(idx, torch.max(d1.abs(), d2.abs()).detach().cpu().numpy())
         self.updates += 1
         if self.updates % 2 == 0:
             actor_loss = -self.q1(torch.cat([obs, self.max_action * self.actor(obs)], 1)).mean()

@@ -348,9 +348,8 @@ class Proportional(Sampler):
     def _rebuilt(self, size: int) -> tuple[np.ndarray, np.ndarray]:
         """(masses, heap) recomputed from the raw priorities of ``size`` stored slots: what the
         incremental updates must have produced, bit for bit (a check for tests)."""
-        mass = np.zeros_like(self._mass)
-        heap = np.zeros_like(self._heap)
-        heap[:, 1] = np.inf
+        mass = _blocktree.aligned_zeros(len(self._mass))
+        heap = _blocktree.aligned_heap(self._nblocks)
         _fill_trees(heap, mass, self._nblocks, self._g, np.empty(2), self._priority, self._leaf_base, size,
                     self.alpha, False)
         return mass, heap
