@@ -172,3 +172,60 @@ def test_fields_aligned_beyond_8_bytes_or_not_named_by_strings_are_kept_apart():
     assert out["x"].dtype == np.longdouble and out["y"].tolist() == list(range(20))
     odd = Storage(40, {1: ((), np.float32), "z": ((), np.int64)})
     assert odd.gather(np.arange(20, dtype=np.int64))[1].shape == (20,)
+
+
+def _rich(n, rng):
+    return {"obs": rng.standard_normal((n, 3)).astype(np.float32), "img": rng.integers(0, 255, (n, 2, 3), np.uint8),
+            "action": rng.integers(0, 9, n), "code": rng.integers(0, 60000, n).astype(np.uint16),
+            "reward": rng.standard_normal(n), "done": rng.random(n) < 0.3}
+
+
+@pytest.mark.parametrize("make", [lambda: perx.Proportional(alpha=0.6), lambda: perx.Uniform(),
+                                  lambda: perx.Proportional(alpha=0.5, stratified=False, normalize="batch")])
+def test_one_call_sample_and_gather_returns_what_sampling_then_gathering_returns(make):
+    # the fused path (sampler.sample_gather) against the two-step path on a twin with the fusion switched off
+    rng = np.random.default_rng(4)
+    data = _rich(500, rng)
+    fused, plain = perx.ReplayBuffer(300, make(), seed=3), perx.ReplayBuffer(300, make(), seed=3)
+    plain.sampler.fuses_gather = False
+    for buf in (fused, plain):
+        buf.extend(**data)
+        buf.update_priorities(np.arange(200, 500), np.random.default_rng(1).standard_normal(300))
+    for b in (1, 5, 16, 64, 301):
+        x, y = fused.sample(b, beta=0.4), plain.sample(b, beta=0.4)
+        np.testing.assert_array_equal(x.indices, y.indices)
+        np.testing.assert_array_equal(x.probabilities, y.probabilities)
+        np.testing.assert_array_equal(x.weights, y.weights)
+        assert list(x.keys()) == list(y.keys()) == list(data)
+        for key in data:
+            assert x[key].dtype == y[key].dtype and x[key].flags.c_contiguous, key
+            np.testing.assert_array_equal(x[key], y[key])
+            np.testing.assert_array_equal(x[key], data[key][x.indices], err_msg=key)
+
+
+def test_a_field_may_use_the_names_a_sampled_batch_keeps_its_ids_under():
+    buf = perx.ReplayBuffer(50, perx.Proportional(), seed=0)
+    buf.extend(**{"__perx_ids": np.arange(50) * 10, "x": np.ones((50, 2))})
+    names = buf._storage._layout.extras
+    assert "__perx_ids" not in names
+    batch = buf.sample(40)
+    np.testing.assert_array_equal(batch["__perx_ids"], batch.indices * 10)
+
+
+def test_extend_stores_multi_element_fields_from_strided_and_cast_sources():
+    rng = np.random.default_rng(0)
+    wide = rng.standard_normal((20, 6)).astype(np.float32)
+    st = Storage(8, {"obs": ((3,), np.float32), "pair": ((2,), np.float64), "k": ((), np.int64)})
+    # obs: every other column of a wider array (not contiguous); pair: float32 cast into float64; k: int32
+    arrays, rows, _ = st.prepare({"obs": wide[:5, ::2], "pair": wide[:5, :2], "k": np.arange(5, dtype=np.int32)},
+                                 batched=True)
+    st.write(arrays, rows, None, batched=True)
+    np.testing.assert_array_equal(st.data["obs"][:5], wide[:5, ::2])
+    np.testing.assert_array_equal(st.data["pair"][:5], wide[:5, :2].astype(np.float64))
+    assert st.data["k"][:5].tolist() == [0, 1, 2, 3, 4]
+    contiguous = np.ascontiguousarray(wide[5:12, 1:4])
+    arrays, rows, _ = st.prepare({"obs": contiguous, "pair": np.ones((7, 2)), "k": np.arange(7)}, batched=True)
+    ids, slots = st.write(arrays, rows, None, batched=True)  # ids 5..11: wraps to slots 5, 6, 7, 0, 1, 2, 3
+    assert ids.tolist() == list(range(5, 12)) and slots.tolist() == [5, 6, 7, 0, 1, 2, 3]
+    np.testing.assert_array_equal(st.data["obs"][slots], contiguous)
+    assert st.data["k"][4] == 4  # untouched

@@ -332,19 +332,27 @@ class ReplayBuffer:
             batch_size = check_batch_size(batch_size)
         if type(beta) is not float or not 0.0 <= beta <= 1.0:
             beta = _check_beta(beta)
-        size = len(self)
+        storage = self._storage
+        size = min(storage.next_id, storage.capacity)
         if size == 0:
             raise ValueError("sample: the buffer is empty; add transitions before sampling")
-        storage = self._storage
+        store = self._episodes
+        sampler = self.sampler
         if replace is True:
-            slots, ids, probs, weights = self.sampler.sample(batch_size, beta, size, storage.next_id)
+            # One compiled call draws and copies the rows where the sampler and the layout allow it.
+            raw = storage.batch_bytes(batch_size) if sampler.fuses_gather and store is None else None
+            if raw is not None:
+                sampler.sample_gather(batch_size, beta, size, storage.next_id, storage._rows64,
+                                      storage._layout.plan, raw)
+                data, ids, probs, weights = storage.split(raw, batch_size)
+                return Batch(data, ids, weights, probs)
+            slots, ids, probs, weights = sampler.sample(batch_size, beta, size, storage.next_id)
         else:
             check_bool(replace, "replace")
             if batch_size > size:
                 raise ValueError(f"batch_size: {batch_size} distinct transitions requested (replace=False) but "
                                  f"only {size} are stored")
-            slots, ids, probs, weights = self.sampler.sample_distinct(batch_size, beta, size, storage.next_id)
-        store = self._episodes
+            slots, ids, probs, weights = sampler.sample_distinct(batch_size, beta, size, storage.next_id)
         if store is None:
             data = storage.gather(slots)
         else:

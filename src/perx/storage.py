@@ -14,6 +14,7 @@ what ``prepare`` returned, so a failed ``add``/``extend`` adds nothing.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -149,6 +150,7 @@ class Storage:
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("_rows64", None)
+        state.pop("_flat", None)
         if self.spec is not None:
             state["data"] = {n: a for n, a in self.data.items() if n not in self._layout.offset}
         return state
@@ -157,6 +159,7 @@ class Storage:
         self.__dict__.update(state)
         if self.spec is not None:
             self._rows64 = self.rows.view(np.uint64)
+            self._flat = _flat_views(self.spec, self._layout, self.rows)
             self.data = self._views(self.spec, self._layout, self.rows, self.data)
 
     def _views(self, spec: dict, layout: _RowLayout, rows: np.ndarray, apart: dict) -> dict[str, np.ndarray]:
@@ -198,6 +201,7 @@ class Storage:
         #: uint8 [capacity, row_bytes]: every packed field of a transition in one row.
         self.rows = rows
         self._rows64 = rows.view(np.uint64)
+        self._flat = _flat_views(spec, layout, rows)
         self._layout = layout
         # Source dtypes already known to cast into each field, with the value check each needs
         # (np.can_cast costs ~0.4 us, so the rule is worked out once per source dtype).
@@ -310,14 +314,28 @@ class Storage:
         kept = rows - skip
         first = (start + skip) % cap
         head = min(kept, cap - first)
-        for name, arr in arrays.items():
-            dst = self.data[name]
-            src = arr[skip:]
-            dst[first : first + head] = src[:head]
-            if head < kept:
-                dst[: kept - head] = src[head:]
+        data = self.data
+        if skip == 0 and head == kept:  # the common case: no wrap, nothing dropped; no slicing of the sources
+            flat = self._flat
+            for name, arr in arrays.items():
+                dst = flat.get(name)
+                if dst is not None and arr.dtype == dst[2] and arr.flags.c_contiguous:
+                    # a field of several elements per row, copied as one opaque element per row: numpy's copy
+                    # of 256 such rows costs ~0.8 us against ~1.4 us for its strided copy of the elements
+                    dst[0][first : first + kept] = arr.reshape(kept, -1).view(dst[1])
+                else:
+                    data[name][first : first + kept] = arr
+        else:
+            for name, arr in arrays.items():
+                dst = data[name]
+                src = arr[skip:]
+                dst[first : first + head] = src[:head]
+                if head < kept:
+                    dst[: kept - head] = src[head:]
         self.next_id = start + rows
         ids = np.arange(start, start + rows, dtype=np.int64)
+        if head == kept:  # no wrap: the slots are consecutive (a subtraction is ~4x cheaper than a modulo)
+            return ids, ids[skip:] - (start + skip - first)
         return ids, ids[skip:] % cap
 
     def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
@@ -330,9 +348,27 @@ class Storage:
         layout = self._layout
         if layout.loose or slots.shape[0] < _KERNEL_GATHER_MIN or layout.row_bytes > _KERNEL_GATHER_MAX_ROW:
             return {name: arr[slots] for name, arr in self.data.items()}
-        rec = np.empty((), layout.batch_dtype(slots.shape[0]))
-        _gather_rows(self._rows64, slots, rec.reshape(1).view(np.uint8), layout.src, layout.nbytes, layout.unit)
-        return {name: rec[name] for name in layout.names}
+        b = slots.shape[0]
+        dt = layout.batch_dtype(b)
+        raw = np.empty(dt.itemsize, np.uint8)
+        _gather_rows(self._rows64, slots, raw[24 * b:], layout.plan)
+        return dict(zip(layout.names, layout.pick(np.ndarray((), dt, raw))[3:], strict=True))
+
+    def batch_bytes(self, b: int) -> np.ndarray | None:
+        """New uint8 bytes for a sampler's compiled call to fill with a batch of b (``Sampler.sample_gather``:
+        ids, probabilities and weights, then the fields; see ``_RowLayout.batch_dtype``; :meth:`split` reads
+        it), or None where numpy's per-field gather is used instead (fields kept apart, rows over 512 bytes)."""
+        layout = self._layout
+        if layout.loose or layout.row_bytes > _KERNEL_GATHER_MAX_ROW:
+            return None
+        return np.empty(layout.batch_dtype(b).itemsize, np.uint8)
+
+    def split(self, raw: np.ndarray, b: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+        """(fields [B, *shape] in spec order, ids, probabilities, weights) of a filled :meth:`batch_bytes`:
+        views into it."""
+        layout = self._layout
+        ids, probs, weights, *fields = layout.pick(np.ndarray((), layout.batch_dtype(b), raw))
+        return dict(zip(layout.names, fields, strict=True)), ids, probs, weights
 
 
 #: Below this batch size numpy's per-field gather is cheaper than one kernel call and the batch's views
@@ -341,6 +377,17 @@ _KERNEL_GATHER_MIN = 16
 #: Above this row size numpy's per-field gather (a memcpy per row and field) wins: the kernel's whole-row
 #: scratch copy doubles the traffic of large rows (Atari stacks stored twice per row: 2.2x slower at B = 256).
 _KERNEL_GATHER_MAX_ROW = 512
+
+
+def _flat_views(spec: dict[str, FieldSpec], layout: _RowLayout, rows: np.ndarray) -> dict[str, tuple]:
+    """For each packed field of more than one element: (its bytes in the rows as one opaque element per row,
+    void [capacity, 1]; that void dtype; the field's dtype), used by ``Storage.write``."""
+    flat = {}
+    for name, start in layout.offset.items():
+        if spec[name].shape != () and spec[name].shape != (1,):
+            void = np.dtype(f"V{layout.size[name]}")
+            flat[name] = (rows[:, start : start + layout.size[name]].view(void), void, spec[name].dtype)
+    return flat
 
 
 class _RowLayout:
@@ -369,22 +416,34 @@ class _RowLayout:
         self.names = list(spec)
         # per field, in spec order: byte offset in a row, bytes, and the widest unit (8, 4, 2 or 1 bytes) that
         # divides both, in which the gather copies it
-        self.src = np.array([self.offset.get(n, 0) for n in self.names], np.int64)
-        self.nbytes = np.array([sizes[n] for n in self.names], np.int64)
-        self.unit = np.array([_unit(self.offset.get(n, 0), sizes[n]) for n in self.names], np.int64)
+        # (rows: byte offset, bytes, unit; one column per field), the gather kernels' one argument for the layout
+        self.plan = np.array([[self.offset.get(n, 0) for n in self.names], [sizes[n] for n in self.names],
+                              [_unit(self.offset.get(n, 0), sizes[n]) for n in self.names]], np.int64)
         self._dtypes: dict[int, np.dtype] = {}
+        # names of a batch record's ids, probabilities and weights: any string can name a field, so pick ones
+        # the spec does not use
+        tag = "__perx_"
+        while any(isinstance(n, str) and n.startswith(tag) for n in spec):
+            tag = "_" + tag
+        self.extras = (tag + "ids", tag + "probabilities", tag + "weights")
+        #: a batch record's ids, probabilities, weights and fields, in one C-level call
+        self.pick = operator.itemgetter(*self.extras, *self.names)
 
     def batch_dtype(self, b: int) -> np.dtype:
-        """A structured dtype holding a gathered batch of b: field f is a C-ordered [b, *shape] block starting
-        at a multiple of 8 bytes, in spec order (cached per b; at most 64 batch sizes are kept)."""
+        """A structured dtype holding a sampled batch of b: first ids (int64 [b]), probabilities and weights
+        (float64 [b]) under the names ``self.extras``, then field f as a C-ordered [b, *shape] block starting at
+        a multiple of 8 bytes, in spec order (cached per b; at most 64 batch sizes are kept)."""
         dt = self._dtypes.get(b)
         if dt is None:
-            offsets, pos = [], 0
+            names = [*self.extras, *self.names]
+            offsets = [0, 8 * b, 16 * b]
+            formats = [(np.int64, (b,)), (np.float64, (b,)), (np.float64, (b,))]
+            pos = 24 * b
             for n in self.names:
                 offsets.append(pos)
+                formats.append((self.spec[n].dtype, (b, *self.spec[n].shape)))
                 pos += -(-b * self.size[n] // 8) * 8
-            dt = np.dtype({"names": self.names, "offsets": offsets, "itemsize": pos,
-                           "formats": [(self.spec[n].dtype, (b, *self.spec[n].shape)) for n in self.names]})
+            dt = np.dtype({"names": names, "offsets": offsets, "itemsize": pos, "formats": formats})
             if len(self._dtypes) >= 64:
                 self._dtypes.clear()
             self._dtypes[b] = dt
@@ -428,10 +487,13 @@ def _copy_field(src, row_units, a, w, b, dst, o):
 
 
 @njit(cache=True, nogil=True)
-def _gather_rows(rows64, slots, out, src, nbytes, unit):
+def _gather_rows(rows64, slots, out, plan):
     """Copy rows ``slots`` whole into a row-major scratch (one pass of independent line reads), then each
     field f into ``out`` bytes [dst_f, dst_f + b * nbytes[f]), dst_f = the earlier fields' b * nbytes rounded
-    up to 8 (``_RowLayout.batch_dtype``)."""
+    up to 8 (``_RowLayout.batch_dtype``). ``plan`` is ``_RowLayout.plan``: rows src, nbytes, unit."""
+    src = plan[0]
+    nbytes = plan[1]
+    unit = plan[2]
     b = slots.shape[0]
     words = rows64.shape[1]
     tmp = np.empty(b * words, np.uint64)
@@ -453,3 +515,4 @@ def _gather_rows(rows64, slots, out, src, nbytes, unit):
         else:
             _copy_field(tmp.view(np.uint8), row_bytes, src[f], w, b, out, dst)
         dst += (b * nbytes[f] + 7) // 8 * 8
+

@@ -134,6 +134,19 @@ class Sampler:
         """
         raise NotImplementedError
 
+    #: True when :meth:`sample_gather` copies the sampled rows in the same compiled call as the draw.
+    fuses_gather: ClassVar[bool] = False
+
+    def sample_gather(self, batch_size: int, beta: float, size: int, next_id: int, rows64: np.ndarray,
+                      plan: np.ndarray, out: np.ndarray) -> None:
+        """As :meth:`sample`, but in one kernel call write the ids, probabilities and weights and copy the
+        drawn rows into ``out`` (``Storage.batch_bytes``: int64 ids [B], float64 probabilities [B] and
+        weights [B], then the fields as ``_RowLayout.batch_dtype`` places them), for samplers with
+        ``fuses_gather``. One call instead of two, and no arrays handed back from compiled code (each
+        costs ~0.3 us), saves ~3 us per call. ``rows64`` and ``plan`` are the storage's rows (uint64
+        [capacity, row_bytes / 8]) and ``_RowLayout.plan``."""
+        raise NotImplementedError
+
     def sample_distinct(self, batch_size: int, beta: float, size: int, next_id: int
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """As :meth:`sample`, but ``batch_size <= size`` distinct transitions (``sample(replace=False)``).

@@ -20,6 +20,7 @@ from numba import njit
 from perx import _blocktree
 from perx._validation import check_bool, check_choice, check_real
 from perx.samplers.base import Sampler, check_update, raise_bad_update
+from perx.storage import _gather_rows
 from perx.trees import MaxTree, _propagate, _rebuild, leaf_count
 
 #: New transitions get this priority before any priority has been seen (000 Alg. 1 line 2: p_1 = 1),
@@ -51,6 +52,32 @@ def _weight(mass, ref, beta):
 @njit(cache=True, nogil=True)
 def _sample(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity):
     n = u.shape[0]
+    slots = np.empty(n, np.int64)
+    ids = np.empty(n, np.int64)
+    probs = np.empty(n)
+    weights = np.empty(n)
+    _sample_into(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity,
+                 slots, ids, probs, weights)
+    return slots, ids, probs, weights
+
+
+@njit(cache=True, nogil=True)
+def _sample_gather(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity,
+                   rows64, plan, out):
+    """:func:`_sample` writing ids, probabilities and weights into ``out``'s first 24 * B bytes, then the
+    drawn rows after them (:func:`perx.storage._gather_rows`): one call, nothing handed back."""
+    n = u.shape[0]
+    slots = np.empty(n, np.int64)
+    _sample_into(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity,
+                 slots, out[: 8 * n].view(np.int64), out[8 * n : 16 * n].view(np.float64),
+                 out[16 * n : 24 * n].view(np.float64))
+    _gather_rows(rows64, slots, out[24 * n :], plan)
+
+
+@njit(cache=True, nogil=True)
+def _sample_into(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity,
+                 slots, ids, probs, weights):
+    n = u.shape[0]
     total = heap[1, 0]
     targets = np.empty(n)
     if stratified:
@@ -61,11 +88,7 @@ def _sample(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights
     else:
         for b in range(n):
             targets[b] = u[b] * total
-    slots = np.empty(n, np.int64)
     _blocktree.find(heap, mass, nblocks, g, targets, slots)
-    probs = np.empty(n)
-    weights = np.empty(n)
-    ids = np.empty(n, np.int64)
     head = next_id % capacity
     base = next_id - head
     # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (mass_i / mass_min)^-beta: N and the total cancel, and
@@ -84,7 +107,6 @@ def _sample(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights
         probs[b] = m / total
         weights[b] = _weight(m, ref, beta) if weigh else 1.0
         ids[b] = base + s if s < head else base - capacity + s
-    return slots, ids, probs, weights
 
 
 @njit(cache=True, nogil=True)
@@ -290,6 +312,16 @@ class Proportional(Sampler):
         u = self._rng.random(batch_size)
         return _sample(self._heap, self._mass, self._nblocks, self._g, u, self.stratified,
                        beta, self.normalize == "batch", self.importance_sampling, next_id, self.capacity)
+
+    fuses_gather = True
+
+    def sample_gather(self, batch_size, beta, size, next_id, rows64, plan, out):
+        if not self._heap[1, 0] > 0.0:
+            raise self._no_mass(size, "sample")
+        u = self._rng.random(batch_size)
+        _sample_gather(self._heap, self._mass, self._nblocks, self._g, u, self.stratified, beta,
+                       self.normalize == "batch", self.importance_sampling, next_id, self.capacity, rows64, plan,
+                       out)
 
     def update(self, ids, values, next_id, *, raw):
         count = _update(self._heap, self._mass, self._nblocks, self._g, self.max_tree.nodes,

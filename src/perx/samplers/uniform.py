@@ -6,6 +6,7 @@ import numpy as np
 from numba import njit
 
 from perx.samplers.base import Sampler, ids_of_slots
+from perx.storage import _gather_rows
 
 
 @njit(cache=True, nogil=True)
@@ -13,6 +14,16 @@ def _finish(slots, size, next_id, capacity):
     # One kernel call instead of three small numpy ones: ids, P(i) = 1/N, weights = 1.
     n = slots.shape[0]
     return slots, ids_of_slots(slots, next_id, capacity), np.full(n, 1.0 / size), np.ones(n)
+
+
+@njit(cache=True, nogil=True)
+def _finish_gather(slots, size, next_id, capacity, rows64, plan, out):
+    # _finish into the batch bytes (ids, probabilities, weights), then the rows: one call, nothing handed back
+    n = slots.shape[0]
+    out[: 8 * n].view(np.int64)[:] = ids_of_slots(slots, next_id, capacity)
+    out[8 * n : 16 * n].view(np.float64)[:] = 1.0 / size
+    out[16 * n : 24 * n].view(np.float64)[:] = 1.0
+    _gather_rows(rows64, slots, out[24 * n :], plan)
 
 
 class Uniform(Sampler):
@@ -30,6 +41,11 @@ class Uniform(Sampler):
     def sample(self, batch_size, beta, size, next_id):
         slots = self._rng.integers(0, size, batch_size)
         return _finish(slots, size, next_id, self.capacity)
+
+    fuses_gather = True
+
+    def sample_gather(self, batch_size, beta, size, next_id, rows64, plan, out):
+        _finish_gather(self._rng.integers(0, size, batch_size), size, next_id, self.capacity, rows64, plan, out)
 
     def sample_distinct(self, batch_size, beta, size, next_id):
         """A uniformly random subset; each draw's probability is still 1/N and every weight 1."""
