@@ -229,3 +229,23 @@ def test_extend_stores_multi_element_fields_from_strided_and_cast_sources():
     assert ids.tolist() == list(range(5, 12)) and slots.tolist() == [5, 6, 7, 0, 1, 2, 3]
     np.testing.assert_array_equal(st.data["obs"][slots], contiguous)
     assert st.data["k"][4] == 4  # untouched
+
+
+def test_a_batch_too_large_for_one_record_is_gathered_field_by_field(monkeypatch):
+    import perx.storage
+
+    rng = np.random.default_rng(2)
+    data = _rich(200, rng)
+    big, small = (perx.ReplayBuffer(200, perx.Proportional(), seed=1) for _ in range(2))
+    big.extend(**data)
+    small.extend(**data)
+    monkeypatch.setattr(perx.storage, "_KERNEL_GATHER_MAX_BYTES", 64 * 100)  # records of about 100 rows at most
+    assert big._storage.batch_bytes(500) is None and big._storage.batch_bytes(20) is not None
+    x = big.sample(500, beta=0.5)
+    monkeypatch.undo()
+    y = small.sample(500, beta=0.5)
+    np.testing.assert_array_equal(x.indices, y.indices)
+    np.testing.assert_array_equal(x.weights, y.weights)
+    for key in data:
+        np.testing.assert_array_equal(x[key], y[key])
+    assert big._storage.gather(x.indices % 200)["obs"].shape == (500, 3)

@@ -346,7 +346,7 @@ class Storage:
         [0, capacity). B < 16, rows over 512 bytes and layouts with fields kept apart use numpy per field.
         O(B * row_bytes)."""
         layout = self._layout
-        if layout.loose or slots.shape[0] < _KERNEL_GATHER_MIN or layout.row_bytes > _KERNEL_GATHER_MAX_ROW:
+        if layout.loose or slots.shape[0] < _KERNEL_GATHER_MIN or not layout.fits(slots.shape[0]):
             return {name: arr[slots] for name, arr in self.data.items()}
         b = slots.shape[0]
         dt = layout.batch_dtype(b)
@@ -359,7 +359,7 @@ class Storage:
         ids, probabilities and weights, then the fields; see ``_RowLayout.batch_dtype``; :meth:`split` reads
         it), or None where numpy's per-field gather is used instead (fields kept apart, rows over 512 bytes)."""
         layout = self._layout
-        if layout.loose or layout.row_bytes > _KERNEL_GATHER_MAX_ROW:
+        if layout.loose or not layout.fits(b):
             return None
         return np.empty(layout.batch_dtype(b).itemsize, np.uint8)
 
@@ -377,6 +377,8 @@ _KERNEL_GATHER_MIN = 16
 #: Above this row size numpy's per-field gather (a memcpy per row and field) wins: the kernel's whole-row
 #: scratch copy doubles the traffic of large rows (Atari stacks stored twice per row: 2.2x slower at B = 256).
 _KERNEL_GATHER_MAX_ROW = 512
+#: Largest batch record (bytes) of the compiled gather.
+_KERNEL_GATHER_MAX_BYTES = 2**30
 
 
 def _flat_views(spec: dict[str, FieldSpec], layout: _RowLayout, rows: np.ndarray) -> dict[str, tuple]:
@@ -428,6 +430,13 @@ class _RowLayout:
         self.extras = (tag + "ids", tag + "probabilities", tag + "weights")
         #: a batch record's ids, probabilities, weights and fields, in one C-level call
         self.pick = operator.itemgetter(*self.extras, *self.names)
+
+    def fits(self, b: int) -> bool:
+        """Whether a batch of b is gathered by the compiled row copy: rows of at most 512 bytes, and a batch
+        record under 1 GiB (a structured dtype's size must fit a C int; numpy's per-field gather has no
+        such limit)."""
+        return self.row_bytes <= _KERNEL_GATHER_MAX_ROW and b * (self.row_bytes + 8 * len(self.names) + 24) \
+            <= _KERNEL_GATHER_MAX_BYTES
 
     def batch_dtype(self, b: int) -> np.dtype:
         """A structured dtype holding a sampled batch of b: first ids (int64 [b]), probabilities and weights
