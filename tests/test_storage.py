@@ -249,3 +249,49 @@ def test_a_batch_too_large_for_one_record_is_gathered_field_by_field(monkeypatch
     for key in data:
         np.testing.assert_array_equal(x[key], y[key])
     assert big._storage.gather(x.indices % 200)["obs"].shape == (500, 3)
+
+
+@pytest.mark.parametrize("make", [lambda: perx.Proportional(alpha=0.6), lambda: perx.Uniform(), lambda: perx.LAP()])
+def test_sample_out_refills_a_batch_in_place_with_what_a_new_sample_would_hold(make):
+    rng = np.random.default_rng(5)
+    data = _rich(400, rng)
+    reuse, fresh = perx.ReplayBuffer(300, make(), seed=9), perx.ReplayBuffer(300, make(), seed=9)
+    for buf in (reuse, fresh):
+        buf.extend(**data)
+    batch = reuse.sample(64, beta=0.3)
+    fresh.sample(64, beta=0.3)
+    obs, ids = batch["obs"], batch.indices
+    for step in range(5):
+        for buf in (reuse, fresh):
+            buf.update_priorities(np.arange(100, 400), np.random.default_rng(step).standard_normal(300))
+        again = reuse.sample(64, beta=0.6, out=batch)
+        new = fresh.sample(64, beta=0.6)
+        assert again is batch and again["obs"] is obs and again.indices is ids  # the same arrays, refilled
+        np.testing.assert_array_equal(again.indices, new.indices)
+        np.testing.assert_array_equal(again.weights, new.weights)
+        np.testing.assert_array_equal(again.probabilities, new.probabilities)
+        for key in data:
+            np.testing.assert_array_equal(again[key], new[key])
+
+
+def test_an_out_batch_this_call_cannot_refill_is_refused_and_nothing_changes():
+    rng = np.random.default_rng(6)
+    data = _rich(100, rng)
+    buf, twin = perx.ReplayBuffer(100, perx.Proportional(), seed=2), perx.ReplayBuffer(100, perx.Proportional(), seed=2)
+    rank = perx.ReplayBuffer(100, perx.RankBased(), seed=2)
+    for b in (buf, twin, rank):
+        b.extend(**data)
+    mine, theirs, ranked = buf.sample(8), twin.sample(8), rank.sample(8)
+    twin2 = perx.ReplayBuffer(100, perx.Proportional(), seed=2)
+    twin2.extend(**data)
+    twin2.sample(8)
+    before = mine["obs"].copy()
+    for out, kwargs, match in [(theirs, {}, "this buffer"), (ranked, {}, "this buffer"), ({"obs": 1}, {}, "Batch"),
+                               (buf.get([1, 2]), {}, "this buffer"), (mine, {"batch_size": 9}, "holds 8"),
+                               (mine, {"replace": False}, "replacement")]:
+        args = {"batch_size": 8, **kwargs}
+        with pytest.raises(ValueError, match=match):
+            buf.sample(args.pop("batch_size"), out=out, **args)
+    np.testing.assert_array_equal(mine["obs"], before)
+    # the refused calls drew nothing: the next draws are the twin's
+    np.testing.assert_array_equal(buf.sample(8, out=mine).indices, twin2.sample(8).indices)

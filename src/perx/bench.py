@@ -83,16 +83,22 @@ def _floor(data, n, rng):
     return Impl("floor", iteration, add, extend, "rng.integers + gather, no priorities")
 
 
-def _perx(sampler, label, data, n, rng):
+def _perx(sampler, label, data, n, rng, reuse=False):
     buf = perx.ReplayBuffer(n, sampler, seed=0)
     buf.extend(**data)
     pool = rng.random((UPDATE_POOL, 256))
     one = {k: v[0] for k, v in data.items()}
     rows = {k: v[:256] for k, v in data.items()}
     it = [0]
+    kept: dict[int, perx.Batch] = {}
 
     def iteration(b):
-        batch = buf.sample(b, beta=0.4)
+        if reuse:  # sample(out=...): the batch of the previous call with this B is refilled in place
+            out = kept.get(b)
+            batch = buf.sample(b, beta=0.4) if out is None else buf.sample(b, beta=0.4, out=out)
+            kept[b] = batch
+        else:
+            batch = buf.sample(b, beta=0.4)
         it[0] = (it[0] + 1) % UPDATE_POOL
         buf.update_priorities(batch.indices, pool[it[0], :b])
 
@@ -216,6 +222,8 @@ def _build(data, n, rng, peers, skipped) -> list[Impl]:
         ("floor", lambda: _floor(data, n, rng)),
         ("perx.Uniform", lambda: _perx(perx.Uniform(), "perx.Uniform", data, n, rng)),
         ("perx.Proportional", lambda: _perx(perx.Proportional(alpha=0.6), "perx.Proportional", data, n, rng)),
+        ("perx.Proportional out=", lambda: _perx(perx.Proportional(alpha=0.6), "perx.Proportional out=", data, n,
+                                                 rng, reuse=True)),
         ("perx.RankBased", lambda: _perx(perx.RankBased(alpha=0.7), "perx.RankBased", data, n, rng)),
         ("perx.RankBased exact", lambda: _perx(perx.RankBased(alpha=0.7, exact=True), "perx.RankBased exact",
                                                data, n, rng)),
@@ -468,7 +476,8 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
     blocks = args.blocks or (7 if args.quick else 21)
     calls = args.calls or (100 if args.quick else 300)
     command = " ".join([prog, *argv])
-    names = ["floor", "perx.Uniform", "perx.Proportional", "perx.RankBased", "perx.RankBased exact",
+    names = ["floor", "perx.Uniform", "perx.Proportional", "perx.Proportional out=", "perx.RankBased",
+             "perx.RankBased exact",
              "perx.Greedy"] + ([] if args.no_peers else ["cpprb", "tianshou"])
     print("| operation | N | " + " | ".join(names) + " |", flush=True)
     result = run(tuple(args.sizes), tuple(args.batch_sizes), blocks=blocks, calls=calls,

@@ -50,7 +50,7 @@ class Batch(Mapping):
         data: dict of field name -> array.
     """
 
-    __slots__ = ("data", "indices", "probabilities", "weights")
+    __slots__ = ("_bytes", "_layout", "data", "indices", "probabilities", "weights")
 
     def __init__(self, data: dict[str, np.ndarray], indices: np.ndarray, weights: np.ndarray,
                  probabilities: np.ndarray) -> None:
@@ -58,6 +58,9 @@ class Batch(Mapping):
         self.indices = indices
         self.weights = weights
         self.probabilities = probabilities
+        # for ``sample(out=...)``: the one allocation every array of a fused batch is a view into, and the row
+        # layout of the storage that filled it
+        self._bytes = self._layout = None
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self.data[key]
@@ -304,7 +307,8 @@ class ReplayBuffer:
         return self._episodes.end_episodes(e, self._storage.data, self._storage.next_id)
 
     # -- sampling --------------------------------------------------------------------------------
-    def sample(self, batch_size: int, beta: float = 1.0, *, replace: bool = True) -> Batch:
+    def sample(self, batch_size: int, beta: float = 1.0, *, replace: bool = True, out: Batch | None = None
+               ) -> Batch:
         """Draw a batch with replacement, with IS weights for exponent ``beta``.
 
         Args:
@@ -314,6 +318,11 @@ class ReplayBuffer:
             replace: ``False`` for B distinct transitions (B <= the number stored); offered by
                 ``perx.Uniform`` (a uniform subset) and ``perx.Greedy`` (always distinct); the
                 prioritized samplers refuse it, as their weights need per-draw probabilities.
+            out: a :class:`Batch` returned by an earlier ``sample`` of this buffer with the same
+                ``batch_size``, to fill again in place and return: its arrays are overwritten (so keep no
+                reference to the old values), which saves allocating the batch and its views (~2 us per
+                call). Only for batches drawn and copied in one compiled call: ``perx.Uniform`` and
+                ``perx.Proportional`` (and LAP) with replacement, without episodes, rows <= 512 bytes.
 
         Returns:
             a :class:`Batch`. Cost: O(B log N) plus the copy of B rows of every field. With
@@ -326,8 +335,11 @@ class ReplayBuffer:
         exception: it returns B distinct transitions.
 
         Raises:
-            ValueError: empty buffer, batch_size <= 0, beta outside [0, 1].
+            ValueError: empty buffer, batch_size <= 0, beta outside [0, 1], an ``out`` this call cannot
+                refill (nothing is overwritten then).
         """
+        if out is not None:
+            return self._refill(out, batch_size, beta, replace)
         if type(batch_size) is not int or batch_size <= 0:
             batch_size = check_batch_size(batch_size)
         if type(beta) is not float or not 0.0 <= beta <= 1.0:
@@ -345,7 +357,9 @@ class ReplayBuffer:
                 sampler.sample_gather(batch_size, beta, size, storage.next_id, storage._rows64,
                                       storage._layout.plan, raw)
                 data, ids, probs, weights = storage.split(raw, batch_size)
-                return Batch(data, ids, weights, probs)
+                batch = Batch(data, ids, weights, probs)
+                batch._bytes, batch._layout = raw, storage._layout
+                return batch
             slots, ids, probs, weights = sampler.sample(batch_size, beta, size, storage.next_id)
         else:
             check_bool(replace, "replace")
@@ -359,6 +373,22 @@ class ReplayBuffer:
             data = {name: arr[slots] for name, arr in storage.data.items() if name not in store.derived}
             store.gather(ids, slots, data, storage.data)
         return Batch(data, ids, weights, probs)
+
+    def _refill(self, out: object, batch_size: int, beta: float, replace: object) -> Batch:
+        storage = self._storage
+        if not isinstance(out, Batch) or out._layout is None or out._layout is not getattr(storage, "_layout", None):
+            raise ValueError(f"out: expected a Batch that sample() of this buffer returned from one compiled call "
+                             f"(perx.Uniform or perx.Proportional, no episodes, rows <= 512 bytes), got {_short(out)}")
+        if replace is not True:
+            raise ValueError("out: only sampling with replacement refills a batch; pass replace=True")
+        if type(batch_size) is not int or batch_size != len(out):
+            raise ValueError(f"out: holds {len(out)} transitions but batch_size is {_short(batch_size)}")
+        if type(beta) is not float or not 0.0 <= beta <= 1.0:
+            beta = _check_beta(beta)
+        size = min(storage.next_id, storage.capacity)
+        self.sampler.sample_gather(batch_size, beta, size, storage.next_id, storage._rows64, storage._layout.plan,
+                                   out._bytes)
+        return out
 
     def get(self, indices) -> Batch:
         """The batch of the given live ids (no sampling): their fields (and episode fields), the ids,
