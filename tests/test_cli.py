@@ -28,6 +28,14 @@ def test_bench_prints_a_table_with_ratios_to_the_floor(tmp_path, capsys):
     assert "| Atari obs uint8[4, 84, 84] | Episodes(n_step=3, frame_stack=4) | 1e3 | 8 |" in table
 
 
+def test_bench_only_times_the_implementations_named(tmp_path, capsys):
+    out = tmp_path / "bench.md"
+    assert bench_main(["--sizes", "2000", "--batch-sizes", "8", "--blocks", "2", "--calls", "5", "--no-episodes",
+                       "--only", "floor", "perx.Proportional out=", "--out", str(out)]) == 0
+    header = next(line for line in out.read_text().splitlines() if line.startswith("| operation | N |"))
+    assert header == "| operation | N | floor | perx.Proportional out= |"
+
+
 def test_help_lists_the_agent_commands(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out

@@ -217,7 +217,12 @@ def _time_block(fn: Callable[[], None], calls: int) -> float:
     return (time.perf_counter() - t0) / calls
 
 
-def _build(data, n, rng, peers, skipped) -> list[Impl]:
+#: Every implementation the benchmark knows, in table order (``--only`` picks among them).
+IMPLEMENTATIONS = ("floor", "perx.Uniform", "perx.Proportional", "perx.Proportional out=", "perx.RankBased",
+                   "perx.RankBased exact", "perx.Greedy", "cpprb", "tianshou")
+
+
+def _build(data, n, rng, peers, skipped, only=None) -> list[Impl]:
     builders = [
         ("floor", lambda: _floor(data, n, rng)),
         ("perx.Uniform", lambda: _perx(perx.Uniform(), "perx.Uniform", data, n, rng)),
@@ -233,6 +238,8 @@ def _build(data, n, rng, peers, skipped) -> list[Impl]:
         builders += [("cpprb", lambda: _cpprb(data, n, rng)), ("tianshou", lambda: _tianshou(data, n, rng))]
     impls = []
     for name, build in builders:
+        if only is not None and name not in only:
+            continue
         try:
             impls.append(build())
         except ImportError as err:
@@ -243,7 +250,7 @@ def _build(data, n, rng, peers, skipped) -> list[Impl]:
 
 
 def run(sizes=(100_000, 1_000_000), batch_sizes=(32, 256), blocks=15, calls=200, peers=True,
-        log=print) -> dict:
+        log=print, only=None) -> dict:
     """Run the benchmark; returns {"rows": [...], "impls": [...], "skipped": {...}, "load": ...}."""
     rng = np.random.default_rng(0)
     load_before = os.getloadavg()
@@ -251,7 +258,7 @@ def run(sizes=(100_000, 1_000_000), batch_sizes=(32, 256), blocks=15, calls=200,
     skipped: dict[str, str] = {}
     impl_names: list[str] = []
     for n in sizes:
-        impls = _build(make_data(n), n, rng, peers, skipped)
+        impls = _build(make_data(n), n, rng, peers, skipped, only)
         for impl in impls:
             if impl.name not in impl_names:
                 impl_names.append(impl.name)
@@ -469,6 +476,9 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
                         help="N of the vector-observation rows of the episodic table")
     parser.add_argument("--frame-size", type=int, default=None,
                         help="N of the Atari-frame rows (default 100,000; 20,000 with --quick)")
+    parser.add_argument("--only", nargs="+", default=None, choices=IMPLEMENTATIONS, metavar="NAME",
+                        help="time only these implementations (fewer buffers, less cache interference); "
+                             f"from: {', '.join(IMPLEMENTATIONS)}")
     parser.add_argument("--out", default=None, help="also write the markdown table to this file")
     args = parser.parse_args(argv)
     if args.sizes is None:
@@ -476,12 +486,11 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
     blocks = args.blocks or (7 if args.quick else 21)
     calls = args.calls or (100 if args.quick else 300)
     command = " ".join([prog, *argv])
-    names = ["floor", "perx.Uniform", "perx.Proportional", "perx.Proportional out=", "perx.RankBased",
-             "perx.RankBased exact",
-             "perx.Greedy"] + ([] if args.no_peers else ["cpprb", "tianshou"])
+    names = [n for n in IMPLEMENTATIONS if (args.only is None or n in args.only)
+             and not (args.no_peers and n in ("cpprb", "tianshou"))]
     print("| operation | N | " + " | ".join(names) + " |", flush=True)
     result = run(tuple(args.sizes), tuple(args.batch_sizes), blocks=blocks, calls=calls,
-                 peers=not args.no_peers, log=lambda line: print(line, flush=True))
+                 peers=not args.no_peers, log=lambda line: print(line, flush=True), only=args.only)
     table = format_table(result, command)
     if not args.no_episodes:
         print("\n| observations | layout | N | B | sample+update | ratio | bytes per transition |", flush=True)
