@@ -17,6 +17,7 @@ import argparse
 import gc
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -485,7 +486,7 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
         args.sizes = [100_000, 1_000_000] if args.quick else [1_000_000, 10_000_000]
     blocks = args.blocks or (7 if args.quick else 21)
     calls = args.calls or (100 if args.quick else 300)
-    command = " ".join([prog, *argv])
+    command = " ".join([prog, *map(shlex.quote, argv)])
     names = [n for n in IMPLEMENTATIONS if (args.only is None or n in args.only)
              and not (args.no_peers and n in ("cpprb", "tianshou"))]
     print("| operation | N | " + " | ".join(names) + " |", flush=True)
