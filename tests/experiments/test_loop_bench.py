@@ -24,11 +24,19 @@ def test_timed_wrapper_counts_only_the_time_inside_the_buffer():
 def test_a_tiny_run_times_every_buffer_and_reports_the_extra_over_uniform(tmp_path):
     result = loop_bench.run(n=300, steps=5, rounds=2, device="cpu", log=lambda *_: None)
     times = result["times"]
-    assert {"perx.Uniform", "perx.Proportional"} <= times.keys()
+    assert {"perx.Uniform", "perx.Proportional", "perx.Uniform out=", "perx.Proportional out="} <= times.keys()
     for t in times.values():
         assert len(t["step"]) == 2 and all(0 < b < s for b, s in zip(t["buffer"], t["step"], strict=True))
     md = loop_bench.table(result, "perx bench-loop")
-    assert "| perx.Proportional |" in md and "%" in md
+    assert "| perx.Proportional |" in md and "%" in md and "| perx.Proportional out= |" in md
+
+
+def test_the_out_rows_refill_one_batch():
+    buf = loop_bench.make("perx.Proportional out=", 64, 0)
+    buf.fill(loop_bench._fill_data(64, 0))
+    first = buf.sample(16, 0.4)
+    second = buf.sample(16, 0.4)
+    assert first[0] is second[0] and buf.batch is not None
 
 
 def test_the_prioritized_buffer_receives_the_critics_errors():

@@ -27,8 +27,11 @@ OBS, ACT = 17, 6  # Hopper-like sizes; float32
 
 
 class _Perx:
-    def __init__(self, sampler, capacity: int, seed: int) -> None:
+    def __init__(self, sampler, capacity: int, seed: int, reuse: bool = False) -> None:
         import perx
+
+        self.reuse = reuse  # sample(out=...): refill the previous batch in place
+        self.batch = None
 
         self.buf = perx.ReplayBuffer(capacity, sampler, seed=seed, spec={
             "obs": ((OBS,), np.float32), "action": ((ACT,), np.float32), "reward": ((), np.float32),
@@ -42,7 +45,11 @@ class _Perx:
         self.buf.add(obs=obs, action=act, reward=rew, next_obs=nxt, not_done=not_done)
 
     def sample(self, b: int, beta: float):
-        batch = self.buf.sample(b, beta=beta)
+        if self.reuse and self.batch is not None:
+            batch = self.buf.sample(b, beta=beta, out=self.batch)
+        else:
+            batch = self.buf.sample(b, beta=beta)
+        self.batch = batch
         return (batch["obs"], batch["action"], batch["reward"], batch["next_obs"], batch["not_done"],
                 batch.weights, batch.indices)
 
@@ -77,10 +84,11 @@ class _Cpprb:
 def make(name: str, capacity: int, seed: int):
     import perx
 
-    if name == "perx.Uniform":
-        return _Perx(perx.Uniform(), capacity, seed)
-    if name == "perx.Proportional":
-        return _Perx(perx.Proportional(alpha=0.6), capacity, seed)
+    reuse = name.endswith(" out=")
+    if name.removesuffix(" out=") == "perx.Uniform":
+        return _Perx(perx.Uniform(), capacity, seed, reuse)
+    if name.removesuffix(" out=") == "perx.Proportional":
+        return _Perx(perx.Proportional(alpha=0.6), capacity, seed, reuse)
     if name == "cpprb PER":
         return _Cpprb(capacity)
     raise ValueError(f"name: unknown buffer {name!r}")
@@ -131,7 +139,7 @@ def _round(agent, buf: _Timed, prioritized: bool, steps: int, rng, sync) -> tupl
     return (time.perf_counter() - t0) / steps, buf.seconds / steps
 
 
-NAMES = ("perx.Uniform", "perx.Proportional", "cpprb PER")
+NAMES = ("perx.Uniform", "perx.Proportional", "perx.Uniform out=", "perx.Proportional out=", "cpprb PER")
 
 
 def run(n: int = 1_000_000, steps: int = 500, rounds: int = 5, device: str | None = None, seed: int = 0,
@@ -174,18 +182,20 @@ def table(result: dict, command: str) -> str:
 
     t = result["times"]
     med = {k: {m: statistics.median(v[m]) for m in ("step", "buffer")} for k, v in t.items()}
-    uni = med.get("perx.Uniform")
+
     where = result["gpu"] or f"CPU, one torch thread ({platform.machine()})"
     lines = ["# Buffer time inside a TD3-style loop", "", f"Command: `{command}`", "",
              f"{where}; torch {result['torch']}, perx {perx.__version__}. Buffer filled to N = {result['n']:,}; "
              f"{result['rounds']} interleaved rounds of {result['steps']} steps (act, add, one critic update with "
              "batch 256, the actor every second step); medians over rounds. Buffer time = the add, sample and "
              "priority-update calls, timed inside the loop. Extra = (buffer time - perx.Uniform's buffer time) / "
-             "perx.Uniform's step time.", "",
+             "perx.Uniform's step time; for the `out=` rows (each sample refills the previous batch in place) "
+             "against `perx.Uniform out=`.", "",
              "| buffer | buffer µs per step | step ms | extra over uniform | rounds: buffer µs |",
              "|---|---|---|---|---|"]
     for name, m in med.items():
-        extra = "-" if uni is None or name == "perx.Uniform" else \
+        uni = med.get("perx.Uniform out=" if name.endswith(" out=") else "perx.Uniform")
+        extra = "-" if uni is None or name.startswith("perx.Uniform") else \
             f"{(m['buffer'] - uni['buffer']) / uni['step'] * 100:+.2f}%"
         rounds = ", ".join(f"{x * 1e6:.0f}" for x in t[name]["buffer"])
         lines.append(f"| {name} | {m['buffer'] * 1e6:.1f} | {m['step'] * 1e3:.2f} | {extra} | {rounds} |")
