@@ -295,3 +295,20 @@ def test_an_out_batch_this_call_cannot_refill_is_refused_and_nothing_changes():
     np.testing.assert_array_equal(mine["obs"], before)
     # the refused calls drew nothing: the next draws are the twin's
     np.testing.assert_array_equal(buf.sample(8, out=mine).indices, twin2.sample(8).indices)
+
+
+def test_a_sampler_subclass_that_redefines_sample_is_not_bypassed_by_the_fused_path():
+    calls = []
+
+    class Logged(perx.Proportional):
+        def sample(self, batch_size, beta, size, next_id):
+            calls.append(batch_size)
+            return super().sample(batch_size, beta, size, next_id)
+
+    buf = perx.ReplayBuffer(50, Logged(), seed=0)
+    buf.extend(x=np.arange(50.0))
+    batch = buf.sample(7)
+    assert calls == [7] and not Logged.fuses_gather and perx.Proportional.fuses_gather
+    np.testing.assert_array_equal(batch["x"], batch.indices.astype(float))
+    with pytest.raises(ValueError, match="out"):
+        buf.sample(7, out=batch)

@@ -84,6 +84,9 @@ class Sampler:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "sample" in cls.__dict__ and "sample_gather" not in cls.__dict__:
+            # a subclass that redefines how it samples must not be bypassed by an inherited fused path
+            cls.fuses_gather = False
         if "name" in cls.__dict__:  # concrete samplers name themselves; shared bases do not
             Sampler.registry[cls.name] = cls
 
