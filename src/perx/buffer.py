@@ -320,8 +320,9 @@ class ReplayBuffer:
                 prioritized samplers refuse it, as their weights need per-draw probabilities.
             out: a :class:`Batch` returned by an earlier ``sample`` of this buffer with the same
                 ``batch_size``, to fill again in place and return: its arrays are overwritten (so keep no
-                reference to the old values), which saves allocating the batch and its views (~2 us per
-                call). Only for batches drawn and copied in one compiled call: ``perx.Uniform`` and
+                reference to the old values, nor CPU tensors made from them without a copy, as
+                ``perx.torch.as_tensors`` makes them), which saves allocating the batch and its views
+                (~2 us per call). Only for batches drawn and copied in one compiled call: ``perx.Uniform`` and
                 ``perx.Proportional`` (and LAP) with replacement, without episodes, rows <= 512 bytes.
 
         Returns:
