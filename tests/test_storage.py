@@ -312,3 +312,67 @@ def test_a_sampler_subclass_that_redefines_sample_is_not_bypassed_by_the_fused_p
     np.testing.assert_array_equal(batch["x"], batch.indices.astype(float))
     with pytest.raises(ValueError, match="out"):
         buf.sample(7, out=batch)
+
+
+def test_out_is_refilled_to_its_own_size_and_arrays_whatever_was_rebound():
+    buf = perx.ReplayBuffer(100, perx.Proportional(), spec={"x": ((4,), np.float32)}, seed=0)
+    twin = perx.ReplayBuffer(100, perx.Proportional(), spec={"x": ((4,), np.float32)}, seed=0)
+    for b in (buf, twin):
+        b.extend(x=np.arange(400, dtype=np.float32).reshape(100, 4))
+    batch = buf.sample(16)
+    twin.sample(16)
+    indices, x = batch.indices, batch["x"]
+    batch.indices = np.zeros(4096, np.int64)  # a longer array: refilling must not write past the batch's memory
+    with pytest.raises(ValueError, match="out: holds 16"):
+        buf.sample(4096, out=batch)
+    np.testing.assert_array_equal(buf.sample(16).indices, twin.sample(16).indices)  # the refusal drew nothing
+    batch.weights = batch.weights.astype(np.float32)
+    batch.data["x"] = batch["x"] * 2.0  # e.g. normalised in place of the sampled field
+    again = buf.sample(16, out=batch)
+    fresh = twin.sample(16)
+    assert again.indices is indices and again["x"] is x and again.weights.dtype == np.float64
+    np.testing.assert_array_equal(again.indices, fresh.indices)
+    np.testing.assert_array_equal(again["x"], fresh["x"])
+    np.testing.assert_array_equal(again.weights, fresh.weights)
+    assert buf.sample(np.int64(16), out=again) is again  # an integer of any type, as sample() takes
+
+
+@pytest.mark.parametrize("copier", ["deepcopy", "pickle"])
+def test_a_copied_batch_is_not_refillable(copier):
+    import copy
+    import pickle
+
+    buf = perx.ReplayBuffer(50, perx.Proportional(), seed=0)
+    buf.extend(x=np.arange(50.0))
+    batch = buf.sample(8)
+    buf2, batch2 = copy.deepcopy((buf, batch)) if copier == "deepcopy" else pickle.loads(pickle.dumps((buf, batch)))
+    np.testing.assert_array_equal(batch2.indices, batch.indices)
+    with pytest.raises(ValueError, match="out"):
+        buf2.sample(8, out=batch2)
+    with pytest.raises(ValueError, match="out"):
+        buf2.sample(8, out=batch)  # the copy has its own layout: the original's batches are not its own
+    assert buf.sample(8, out=batch) is batch
+
+
+def test_a_sample_from_a_mixin_or_set_on_the_instance_is_not_bypassed():
+    calls = []
+
+    class Logging:
+        def sample(self, batch_size, beta, size, next_id):
+            calls.append(batch_size)
+            return super().sample(batch_size, beta, size, next_id)
+
+    class Mixed(Logging, perx.Proportional):
+        pass
+
+    assert not Mixed.fuses_gather
+    buf = perx.ReplayBuffer(30, Mixed(), seed=0)
+    buf.extend(x=np.arange(30.0))
+    buf.sample(5)
+    plain = perx.ReplayBuffer(30, perx.Uniform(), seed=0)
+    plain.extend(x=np.arange(30.0))
+    wrapped = plain.sampler.sample
+    plain.sampler.sample = lambda *args: (calls.append(-1), wrapped(*args))[1]
+    batch = plain.sample(4)
+    assert calls == [5, -1]
+    np.testing.assert_array_equal(batch["x"], batch.indices.astype(float))

@@ -50,7 +50,7 @@ class Batch(Mapping):
         data: dict of field name -> array.
     """
 
-    __slots__ = ("_bytes", "_layout", "data", "indices", "probabilities", "weights")
+    __slots__ = ("_fill", "data", "indices", "probabilities", "weights")
 
     def __init__(self, data: dict[str, np.ndarray], indices: np.ndarray, weights: np.ndarray,
                  probabilities: np.ndarray) -> None:
@@ -58,9 +58,14 @@ class Batch(Mapping):
         self.indices = indices
         self.weights = weights
         self.probabilities = probabilities
-        # for ``sample(out=...)``: the one allocation every array of a fused batch is a view into, and the row
-        # layout of the storage that filled it
-        self._bytes = self._layout = None
+        #: for ``sample(out=...)``: [the one allocation every array of a fused batch views, the row layout of the
+        #: storage that filled it, B, its arrays as ``Storage.split`` gave them, data, data's (name, array) pairs
+        #: or None until the first refill]; else None
+        self._fill = None
+
+    def __reduce__(self):
+        # a copy or an unpickled batch holds copies of the arrays, not views of one allocation: not refillable
+        return Batch, (self.data, self.indices, self.weights, self.probabilities)
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self.data[key]
@@ -322,7 +327,8 @@ class ReplayBuffer:
                 ``batch_size``, to fill again in place and return: its arrays are overwritten (so keep no
                 reference to the old values, nor CPU tensors made from them without a copy, as
                 ``perx.torch.as_tensors`` makes them), which saves allocating the batch and its views
-                (~2 us per call). Only for batches drawn and copied in one compiled call: ``perx.Uniform`` and
+                (~2 us per call). Attributes or fields rebound since are reset to the refilled arrays.
+                Only for batches drawn and copied in one compiled call: ``perx.Uniform`` and
                 ``perx.Proportional`` (and LAP) with replacement, without episodes, rows <= 512 bytes.
 
         Returns:
@@ -353,13 +359,15 @@ class ReplayBuffer:
         sampler = self.sampler
         if replace is True:
             # One compiled call draws and copies the rows where the sampler and the layout allow it.
-            raw = storage.batch_bytes(batch_size) if sampler.fuses_gather and store is None else None
+            raw = storage.batch_bytes(batch_size) if store is None and _fuses(sampler) else None
             if raw is not None:
                 sampler.sample_gather(batch_size, beta, size, storage.next_id, storage._rows64,
                                       storage._layout.plan, raw)
-                data, ids, probs, weights = storage.split(raw, batch_size)
-                batch = Batch(data, ids, weights, probs)
-                batch._bytes, batch._layout = raw, storage._layout
+                arrays = storage.split(raw, batch_size)
+                layout = storage._layout
+                data = dict(zip(layout.names, arrays[3:], strict=True))
+                batch = Batch(data, arrays[0], arrays[2], arrays[1])
+                batch._fill = [raw, layout, batch_size, arrays, data, None]
                 return batch
             slots, ids, probs, weights = sampler.sample(batch_size, beta, size, storage.next_id)
         else:
@@ -377,18 +385,27 @@ class ReplayBuffer:
 
     def _refill(self, out: object, batch_size: int, beta: float, replace: object) -> Batch:
         storage = self._storage
-        if not isinstance(out, Batch) or out._layout is None or out._layout is not getattr(storage, "_layout", None):
+        fill = out._fill if isinstance(out, Batch) else None
+        if fill is None or fill[1] is not getattr(storage, "_layout", None) or not _fuses(self.sampler):
             raise ValueError(f"out: expected a Batch that sample() of this buffer returned from one compiled call "
                              f"(perx.Uniform or perx.Proportional, no episodes, rows <= 512 bytes), got {_short(out)}")
+        raw, layout, b, arrays, data, pairs = fill
         if replace is not True:
             raise ValueError("out: only sampling with replacement refills a batch; pass replace=True")
-        if type(batch_size) is not int or batch_size != len(out):
-            raise ValueError(f"out: holds {len(out)} transitions but batch_size is {_short(batch_size)}")
+        if type(batch_size) is not int:
+            batch_size = check_batch_size(batch_size)
+        if batch_size != b:  # B is the batch's own record, not len(out): the kernel writes B rows into raw
+            raise ValueError(f"out: holds {b} transitions but batch_size is {batch_size}")
         if type(beta) is not float or not 0.0 <= beta <= 1.0:
             beta = _check_beta(beta)
         size = min(storage.next_id, storage.capacity)
-        self.sampler.sample_gather(batch_size, beta, size, storage.next_id, storage._rows64, storage._layout.plan,
-                                   out._bytes)
+        self.sampler.sample_gather(batch_size, beta, size, storage.next_id, storage._rows64, layout.plan, raw)
+        # the refilled arrays, whatever the batch's attributes or fields were rebound to since
+        out.indices, out.probabilities, out.weights = arrays[:3]
+        out.data = data
+        if pairs is None:  # made at the first refill, not at every sample
+            pairs = fill[5] = tuple(zip(layout.names, arrays[3:], strict=True))
+        data.update(pairs)
         return out
 
     def get(self, indices) -> Batch:
@@ -785,3 +802,11 @@ def _check_beta(beta: object) -> float:
     if isinstance(beta, bool) or not isinstance(beta, (int, float, np.floating, np.integer)):
         raise TypeError(f"beta: expected a float in [0, 1], got {_short(beta)}")
     return check_real(beta, "beta", low=0.0, high=1.0)
+
+
+def _fuses(sampler: Sampler) -> bool:
+    """Whether sampling draws and gathers in one compiled call: the sampler offers it and no ``sample`` was
+    set on the instance (a wrapper, a mock) that the fused path would bypass. (Not ``sampler.__dict__``:
+    reading an instance's ``__dict__`` turns its attribute lookups slow for the rest of its life, ~0.8 us per
+    sample+update measured.)"""
+    return sampler.fuses_gather and getattr(sampler.sample, "__func__", None) is type(sampler).sample

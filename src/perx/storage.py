@@ -147,10 +147,12 @@ class Storage:
 
     # The field views share the rows' memory; a copy or a pickle of the views would not. So a copied or
     # unpickled storage keeps the rows (and the fields kept apart) and rebuilds the views from them.
+    # The layout is rebuilt from the spec too (it is a function of it), so a copy has its own: batches sampled
+    # from the original cannot be refilled by the copy (``sample(out=...)``).
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state.pop("_rows64", None)
-        state.pop("_flat", None)
+        for derived in ("_rows64", "_flat", "_layout"):
+            state.pop(derived, None)
         if self.spec is not None:
             state["data"] = {n: a for n, a in self.data.items() if n not in self._layout.offset}
         return state
@@ -158,6 +160,7 @@ class Storage:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         if self.spec is not None:
+            self._layout = _RowLayout(self.spec)
             self._rows64 = self.rows.view(np.uint64)
             self._flat = _flat_views(self.spec, self._layout, self.rows)
             self.data = self._views(self.spec, self._layout, self.rows, self.data)
@@ -363,12 +366,11 @@ class Storage:
             return None
         return np.empty(layout.batch_dtype(b).itemsize, np.uint8)
 
-    def split(self, raw: np.ndarray, b: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
-        """(fields [B, *shape] in spec order, ids, probabilities, weights) of a filled :meth:`batch_bytes`:
-        views into it."""
+    def split(self, raw: np.ndarray, b: int) -> tuple[np.ndarray, ...]:
+        """(ids, probabilities, weights, then the fields [B, *shape] in spec order) of a filled
+        :meth:`batch_bytes`: views into it."""
         layout = self._layout
-        ids, probs, weights, *fields = layout.pick(np.ndarray((), layout.batch_dtype(b), raw))
-        return dict(zip(layout.names, fields, strict=True)), ids, probs, weights
+        return layout.pick(np.ndarray((), layout.batch_dtype(b), raw))
 
 
 #: Below this batch size numpy's per-field gather is cheaper than one kernel call and the batch's views

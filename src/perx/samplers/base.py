@@ -84,8 +84,11 @@ class Sampler:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "sample" in cls.__dict__ and "sample_gather" not in cls.__dict__:
-            # a subclass that redefines how it samples must not be bypassed by an inherited fused path
+        # A class whose sample() comes from further down its MRO than its sample_gather() (a subclass or a mixin
+        # redefining how it samples) must not be bypassed by the inherited fused path.
+        mro = cls.__mro__
+        owner = {name: next(i for i, c in enumerate(mro) if name in c.__dict__) for name in ("sample", "sample_gather")}
+        if owner["sample"] < owner["sample_gather"]:
             cls.fuses_gather = False
         if "name" in cls.__dict__:  # concrete samplers name themselves; shared bases do not
             Sampler.registry[cls.name] = cls

@@ -15,8 +15,9 @@ def as_tensors(batch: Batch, device: str | torch.device | None = None,
     ``"indices"`` (int64, kept on the host: they go back to ``update_priorities``).
 
     Floating fields become ``float_dtype``; integer and bool fields keep their dtype. The batch's
-    arrays are fresh copies, so host tensors share their memory (no copy): a batch refilled with
-    ``sample(out=batch)`` refills those tensors too. For a CUDA device the host
+    arrays are fresh copies, so host tensors share their memory (no copy) where the dtype stays: a batch
+    refilled with ``sample(out=batch)`` refills those tensors too, but not the converted ones (``weights``,
+    float64 fields): convert again after each sample. For a CUDA device the host
     tensors are pinned (``pin_memory`` default True there) and copied with ``non_blocking=True``, so the
     copies overlap with whatever the GPU is doing; CUDA's stream order makes them safe to use at once.
     """
