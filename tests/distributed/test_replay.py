@@ -1,5 +1,7 @@
 """ShardedReplay against the exact distribution of the union of its shards (000 eq. 1 and Sec. 3.4)."""
 
+import time
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -148,7 +150,12 @@ def test_killed_shard_comes_back_with_its_checkpoint_and_sampling_goes_on(shards
     lost = replay.add(shard=0, obs=np.arange(20.0, 25.0)[:, None], action=np.zeros(5, np.int64))
     incarnation = replay.stats[0]["incarnation"]
     ray.kill(replay.shards[0], no_restart=False)
-    batch = replay.sample(64)  # waits for the restart, then samples the restored shard
+    # ray.kill is asynchronous: a call sent right after it may still be served by the dying process, so wait
+    # until the restarted incarnation answers (the calls retry while the shard is down)
+    deadline = time.monotonic() + 120
+    while replay.refresh()[0]["incarnation"] == incarnation and time.monotonic() < deadline:
+        time.sleep(0.05)
+    batch = replay.sample(64)  # samples the restored shard
     obs = set(batch["obs"][:, 0].astype(int).tolist())
     assert not obs & set(range(20, 25))
     stats0 = replay.refresh()[0]
