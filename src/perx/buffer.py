@@ -364,10 +364,9 @@ class ReplayBuffer:
                 sampler.sample_gather(batch_size, beta, size, storage.next_id, storage._rows64,
                                       storage._layout.plan, raw)
                 arrays = storage.split(raw, batch_size)
-                layout = storage._layout
-                data = dict(zip(layout.names, arrays[3:], strict=True))
+                data = storage.fields(arrays)
                 batch = Batch(data, arrays[0], arrays[2], arrays[1])
-                batch._fill = [raw, layout, batch_size, arrays, data, None]
+                batch._fill = [raw, storage._layout, batch_size, arrays, data, None]
                 return batch
             slots, ids, probs, weights = sampler.sample(batch_size, beta, size, storage.next_id)
         else:
@@ -404,7 +403,7 @@ class ReplayBuffer:
         out.indices, out.probabilities, out.weights = arrays[:3]
         out.data = data
         if pairs is None:  # made at the first refill, not at every sample
-            pairs = fill[5] = tuple(zip(layout.names, arrays[3:], strict=True))
+            pairs = fill[5] = tuple(storage.fields(arrays).items())
         data.update(pairs)
         return out
 

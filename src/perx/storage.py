@@ -352,10 +352,9 @@ class Storage:
         if layout.loose or slots.shape[0] < _KERNEL_GATHER_MIN or not layout.fits(slots.shape[0]):
             return {name: arr[slots] for name, arr in self.data.items()}
         b = slots.shape[0]
-        dt = layout.batch_dtype(b)
-        raw = np.empty(dt.itemsize, np.uint8)
-        _gather_rows(self._rows64, slots, raw[24 * b:], layout.plan)
-        return dict(zip(layout.names, layout.pick(np.ndarray((), dt, raw))[3:], strict=True))
+        raw = np.empty(layout.batch_dtype(b).itemsize, np.uint8)
+        _gather_rows(self._rows64, slots, raw[24 * b:], layout.plan)  # the first 24 * b bytes stay unused here
+        return self.fields(self.split(raw, b))
 
     def batch_bytes(self, b: int) -> np.ndarray | None:
         """New uint8 bytes for a sampler's compiled call to fill with a batch of b (``Sampler.sample_gather``:
@@ -371,6 +370,10 @@ class Storage:
         :meth:`batch_bytes`: views into it."""
         layout = self._layout
         return layout.pick(np.ndarray((), layout.batch_dtype(b), raw))
+
+    def fields(self, arrays: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
+        """The field name -> array dict of :meth:`split`'s arrays."""
+        return dict(zip(self._layout.names, arrays[3:], strict=True))
 
 
 #: Below this batch size numpy's per-field gather is cheaper than one kernel call and the batch's views
@@ -526,4 +529,3 @@ def _gather_rows(rows64, slots, out, plan):
         else:
             _copy_field(tmp.view(np.uint8), row_bytes, src[f], w, b, out, dst)
         dst += (b * nbytes[f] + 7) // 8 * 8
-

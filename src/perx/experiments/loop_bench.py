@@ -182,7 +182,6 @@ def table(result: dict, command: str) -> str:
 
     t = result["times"]
     med = {k: {m: statistics.median(v[m]) for m in ("step", "buffer")} for k, v in t.items()}
-
     where = result["gpu"] or f"CPU, one torch thread ({platform.machine()})"
     lines = ["# Buffer time inside a TD3-style loop", "", f"Command: `{command}`", "",
              f"{where}; torch {result['torch']}, perx {perx.__version__}. Buffer filled to N = {result['n']:,}; "
