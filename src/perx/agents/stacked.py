@@ -1,50 +1,95 @@
 """Networks and optimisers for R independent runs trained in lockstep: every parameter has a leading
 run axis, so one forward pass, one backward pass and one optimiser step serve all R runs.
 
-Run r's parameters, gradients and optimiser state depend only on run r's data: convolutions are
-grouped by run, linear layers are batched matrix products, the loss is a sum of per-run losses, and
-Adam / RMSprop are elementwise (one optimiser per run, with a per-run step size). Each run is
-initialised exactly as ``torch.nn`` would initialise the same network after ``torch.manual_seed(seed)``,
-so a run's start does not depend on which runs share its process.
+Run r's parameters, gradients and optimiser state depend only on run r's data: convolutions and linear
+layers are batched matrix products (one per run), the loss is a sum of per-run losses, and Adam /
+RMSprop are elementwise (one optimiser per run, with a per-run step size). Each run is initialised
+exactly as ``torch.nn`` would initialise the same network after ``torch.manual_seed(seed)``, so a run's
+start does not depend on which runs share its process.
+
+Layouts are chosen for speed on one CPU core (measured in docs/dqn.md "Throughput"): a linear weight is
+stored as [R, in, out] (``x @ W``: one ``baddbmm`` without a transposed operand, 2x faster than
+[R, out, in] here), a convolution is an unfold of its input followed by one ``baddbmm`` against a weight
+[R, kh*kw*C, C'], and activations between convolutions stay channels-last, so that the flatten before
+the first linear layer is a free view (that layer's input rows are permuted to match). The layouts are
+internal: :meth:`StackedNet.run_state` and checkpoints hold each run's parameters in ``torch.nn``'s own
+layout, loadable into the plain network.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
+from numba import njit
 from torch import nn
+
+#: Converts one run's parameter between the stacked layout and torch.nn's: (to_nn, from_nn).
+Layout = tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
+_SAME: Layout = (lambda t: t, lambda t: t)
 
 
 class StackedLinear(nn.Module):
-    """R linear layers: x [R, B, in] -> [R, B, out]."""
+    """R linear layers: x [R, B, in] -> [R, B, out]. ``weight`` is [R, in, out]; with ``rows`` (a
+    permutation of range(in)) row j of it holds nn input feature ``rows[j]``."""
 
-    def __init__(self, layers: Sequence[nn.Linear]) -> None:
+    def __init__(self, layers: Sequence[nn.Linear], rows: np.ndarray | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.stack([m.weight.detach() for m in layers]))  # [R, out, in]
+        self.rows = None if rows is None else torch.as_tensor(rows, dtype=torch.long)
+        self.inverse = None if rows is None else torch.as_tensor(np.argsort(rows), dtype=torch.long)
+        self.weight = nn.Parameter(torch.stack([self._from_nn(m.weight.detach()) for m in layers]))
         self.bias = nn.Parameter(torch.stack([m.bias.detach() for m in layers]))  # [R, out]
 
+    def _from_nn(self, w: torch.Tensor) -> torch.Tensor:  # [out, in] -> [in, out]
+        w = w if self.rows is None else w[:, self.rows.to(w.device)]
+        return w.t().contiguous()
+
+    def _to_nn(self, w: torch.Tensor) -> torch.Tensor:  # [in, out] -> [out, in]
+        w = w.t()
+        return (w if self.inverse is None else w[:, self.inverse.to(w.device)]).contiguous()
+
+    def layouts(self) -> dict[str, Layout]:
+        return {"weight": (self._to_nn, self._from_nn), "bias": _SAME}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight.transpose(1, 2))
+        return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight)
 
 
 class StackedConv2d(nn.Module):
-    """R convolutions as one grouped convolution: x [R, B, C, H, W] -> [R, B, C', H', W']."""
+    """R convolutions: x [R, B, C, H, W] (any strides) -> [R, B, C', H', W'] (a channels-last view).
+    The input is unfolded into patches [R, B*H'*W', kh*kw*C] (one copy) and multiplied by ``weight``
+    [R, kh*kw*C, C'] (rows in (kh, kw, c) order) in one ``baddbmm``."""
 
     def __init__(self, layers: Sequence[nn.Conv2d]) -> None:
         super().__init__()
         first = layers[0]
-        self.stride, self.padding = first.stride, first.padding
-        self.weight = nn.Parameter(torch.stack([m.weight.detach() for m in layers]))  # [R, C', C, k, k]
+        if first.groups != 1 or first.dilation != (1, 1) or first.padding_mode != "zeros":
+            raise TypeError(f"make: unsupported convolution {first!r} (groups, dilation or padding mode)")
+        self.kernel, self.stride, self.padding = first.kernel_size, first.stride, first.padding
+        self.weight = nn.Parameter(torch.stack([self._from_nn(m.weight.detach()) for m in layers]))
         self.bias = nn.Parameter(torch.stack([m.bias.detach() for m in layers]))  # [R, C']
 
+    def _from_nn(self, w: torch.Tensor) -> torch.Tensor:  # [C', C, kh, kw] -> [kh*kw*C, C']
+        return w.permute(2, 3, 1, 0).reshape(-1, w.shape[0]).contiguous()
+
+    def _to_nn(self, w: torch.Tensor) -> torch.Tensor:
+        kh, kw = self.kernel
+        return w.reshape(kh, kw, -1, w.shape[-1]).permute(3, 2, 0, 1).contiguous()
+
+    def layouts(self) -> dict[str, Layout]:
+        return {"weight": (self._to_nn, self._from_nn), "bias": _SAME}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        runs, batch, channels = x.shape[:3]
-        out = nn.functional.conv2d(
-            x.transpose(0, 1).reshape(batch, runs * channels, *x.shape[3:]),
-            self.weight.reshape(-1, *self.weight.shape[2:]), self.bias.reshape(-1),
-            stride=self.stride, padding=self.padding, groups=runs)
-        return out.reshape(batch, runs, -1, *out.shape[2:]).transpose(0, 1)
+        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.padding
+        if ph or pw:
+            x = nn.functional.pad(x, (pw, pw, ph, ph))
+        runs, batch = x.shape[:2]
+        # [R, B, C, H', W', kh, kw] -> [R, B, H', W', kh, kw, C]: views; the reshape is the one copy
+        patches = x.unfold(3, kh, sh).unfold(4, kw, sw).permute(0, 1, 3, 4, 5, 6, 2)
+        oh, ow = patches.shape[2:4]
+        out = torch.baddbmm(self.bias.unsqueeze(1), patches.reshape(runs, batch * oh * ow, -1), self.weight)
+        return out.view(runs, batch, oh, ow, -1).permute(0, 1, 4, 2, 3)
 
 
 class StackedNet(nn.Module):
@@ -58,16 +103,23 @@ class StackedNet(nn.Module):
             torch.manual_seed(seed)
             nets.append(make())
         layers = []
+        channels = None  # channels of the last convolution while activations are channels-last
+        rows = None  # the input-row permutation of the next linear layer (after a channels-last flatten)
         for parts in zip(*(net for net in nets), strict=True):
             kind = parts[0]
             if isinstance(kind, nn.Linear):
-                layers.append(StackedLinear(parts))
+                layers.append(StackedLinear(parts, rows))
+                rows = None
             elif isinstance(kind, nn.Conv2d):
                 layers.append(StackedConv2d(parts))
+                channels = kind.out_channels
             elif isinstance(kind, nn.ReLU | nn.Tanh):
                 layers.append(type(kind)())
             elif isinstance(kind, nn.Flatten):
-                layers.append(_FlattenRuns())
+                layers.append(_FlattenRuns(channels_last=channels is not None))
+                if channels is not None:
+                    rows = _channels_last_rows(channels, _next_linear(nets[0], kind).in_features)
+                    channels = None
             else:
                 raise TypeError(f"make: unsupported layer {kind!r}")
         self.layers = nn.Sequential(*layers)
@@ -77,32 +129,110 @@ class StackedNet(nn.Module):
         """x [R, B, ...] -> [R, B, outputs]."""
         return self.layers(x)
 
+    def layouts(self) -> list[Layout]:
+        """(to_nn, from_nn) of each parameter, in the order of ``parameters()``."""
+        return [self._layouts()[k] for k, _ in self.named_parameters()]
+
+    def _layouts(self) -> dict[str, Layout]:
+        out = {}
+        for name, module in self.named_modules():
+            if isinstance(module, StackedLinear | StackedConv2d):
+                out.update({f"{name}.{k}": v for k, v in module.layouts().items()})
+        return out
+
     def run_state(self, r: int) -> dict[str, torch.Tensor]:
-        """Run r's parameters (copies)."""
-        return {k: v[r].detach().clone() for k, v in self.state_dict().items()}
+        """Run r's parameters (copies), each in torch.nn's layout."""
+        lay = self._layouts()
+        return {k: lay.get(k, _SAME)[0](v[r].detach()).clone() for k, v in self.state_dict().items()}
 
     def load_run_state(self, r: int, state: dict[str, torch.Tensor]) -> None:
+        """Set run r's parameters from ``state`` in torch.nn's layout (as :meth:`run_state` returns)."""
+        lay = self._layouts()
         with torch.no_grad():
             for k, v in self.state_dict().items():
-                v[r].copy_(state[k])
+                v[r].copy_(lay.get(k, _SAME)[1](state[k].to(v.device)))
+
+
+def _next_linear(net: nn.Sequential, flatten: nn.Flatten) -> nn.Linear:
+    found = False
+    for m in net:
+        if m is flatten:
+            found = True
+        elif found and isinstance(m, nn.Linear):
+            return m
+    raise TypeError("make: a Flatten after a convolution must be followed by a Linear layer")
+
+
+def _channels_last_rows(channels: int, features: int) -> np.ndarray:
+    """nn's flatten order is (c, h, w); a channels-last flatten gives (h, w, c): row j = hw * C + c of
+    the stacked weight holds nn feature c * HW + hw."""
+    hw = np.arange(features // channels)
+    c = np.arange(channels)
+    return (c[None, :] * len(hw) + hw[:, None]).reshape(-1)
 
 
 class _FlattenRuns(nn.Module):
+    def __init__(self, channels_last: bool = False) -> None:
+        super().__init__()
+        self.channels_last = channels_last
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:  # [R, B, C, H, W] stored channels-last -> [R, B, H*W*C]: a view
+            return x.permute(0, 1, 3, 4, 2).flatten(2)
         return x.flatten(2)
+
+
+# error_model='numpy': no zero-division branch per element, so the loop vectorises (measured 4x faster)
+@njit(cache=True, nogil=True, error_model="numpy")
+def _rmsprop(p, g, m, v, lr, alpha, eps, centered):  # pragma: no cover - compiled
+    a = np.float32(alpha)
+    b = np.float32(1.0 - alpha)
+    e = np.float32(eps)
+    for r in range(p.shape[0]):
+        step = lr[r]
+        for i in range(p.shape[1]):
+            gi = g[r, i]
+            vi = v[r, i] * a + b * (gi * gi)
+            v[r, i] = vi
+            if centered:
+                mi = m[r, i] * a + b * gi
+                m[r, i] = mi
+                vi = vi - mi * mi
+            p[r, i] -= (gi * step) / (np.sqrt(vi) + e)
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _adam(p, g, m, v, lr, beta1, beta2, eps, bias1, bias2):  # pragma: no cover - compiled
+    b1, c1 = np.float32(beta1), np.float32(1.0 - beta1)
+    b2, c2 = np.float32(beta2), np.float32(1.0 - beta2)
+    e, d2 = np.float32(eps), np.float32(bias2)
+    for r in range(p.shape[0]):
+        step = np.float32(lr[r] / bias1)
+        for i in range(p.shape[1]):
+            gi = g[r, i]
+            mi = m[r, i] * b1 + c1 * gi
+            vi = v[r, i] * b2 + c2 * (gi * gi)
+            m[r, i] = mi
+            v[r, i] = vi
+            p[r, i] -= (mi * step) / (np.sqrt(vi / d2) + e)
 
 
 class StackedOptimizer:
     """Adam (``"adam"``) or centered RMSprop (``"rmsprop"``, torch's formula) for stacked parameters,
     with a step size per run (``lr``: float tensor [R]). Elementwise, so it is exactly one optimiser per
-    run; tests compare it with ``torch.optim`` run by run."""
+    run; tests compare it with ``torch.optim`` run by run. On the CPU (float32, contiguous) a step is one
+    compiled pass over each parameter, its gradient and its two moments; elsewhere torch operations.
+    ``layouts`` (``StackedNet.layouts()``) puts the moments of :meth:`run_state` in torch.nn's layout."""
 
     def __init__(self, params: Sequence[torch.Tensor], lr: torch.Tensor, kind: str = "adam", *,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, alpha: float = 0.95,
-                 centered: bool = True) -> None:
+                 centered: bool = True, layouts: Sequence[Layout] | None = None) -> None:
         if kind not in ("adam", "rmsprop"):
             raise ValueError(f"kind: 'adam' or 'rmsprop', got {kind!r}")
         self.params = list(params)
+        if layouts is not None and len(layouts) != len(self.params):
+            raise ValueError(f"layouts: one per parameter ({len(self.params)}), got {len(layouts)}")
+        self.layouts = list(layouts) if layouts is not None else [_SAME] * len(self.params)
         self.lr = lr
         self.kind, self.betas, self.eps, self.alpha, self.centered = kind, betas, eps, alpha, centered
         self.state = [{"m": torch.zeros_like(p), "v": torch.zeros_like(p)} for p in self.params]
@@ -115,12 +245,22 @@ class StackedOptimizer:
     @torch.no_grad()
     def step(self) -> None:
         self.steps += 1
+        lr32 = None
         for p, st in zip(self.params, self.state, strict=True):
             if p.grad is None:
                 continue
-            g = p.grad
+            g, m, v = p.grad, st["m"], st["v"]
+            if _compiled(p, g, m, v):
+                if lr32 is None:
+                    lr32 = self.lr.detach().to("cpu", torch.float32).numpy()
+                flat = [t.view(p.shape[0], -1).numpy() for t in (p, g, m, v)]
+                if self.kind == "adam":
+                    b1, b2 = self.betas
+                    _adam(*flat, lr32, b1, b2, self.eps, 1 - b1**self.steps, 1 - b2**self.steps)
+                else:
+                    _rmsprop(*flat, lr32, self.alpha, self.eps, self.centered)
+                continue
             lr = self.lr.reshape(-1, *([1] * (p.dim() - 1)))  # [R, 1, ...]: a step size per run
-            m, v = st["m"], st["v"]
             if self.kind == "adam":
                 b1, b2 = self.betas
                 m.mul_(b1).add_(g, alpha=1 - b1)
@@ -138,14 +278,20 @@ class StackedOptimizer:
                 p.addcdiv_(g * lr, avg, value=-1.0)
 
     def run_state(self, r: int) -> dict:
-        return {"steps": self.steps, "m": [s["m"][r].clone() for s in self.state],
-                "v": [s["v"][r].clone() for s in self.state]}
+        """Run r's step count and moments (copies, in torch.nn's layout when ``layouts`` was given)."""
+        pairs = list(zip(self.state, self.layouts, strict=True))
+        return {"steps": self.steps, "m": [lay[0](s["m"][r]).clone() for s, lay in pairs],
+                "v": [lay[0](s["v"][r]).clone() for s, lay in pairs]}
 
     def load_run_state(self, r: int, state: dict) -> None:
         self.steps = int(state["steps"])
-        for s, m, v in zip(self.state, state["m"], state["v"], strict=True):
-            s["m"][r].copy_(m)
-            s["v"][r].copy_(v)
+        for s, lay, m, v in zip(self.state, self.layouts, state["m"], state["v"], strict=True):
+            s["m"][r].copy_(lay[1](m.to(s["m"].device)))
+            s["v"][r].copy_(lay[1](v.to(s["v"].device)))
+
+
+def _compiled(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
 
 
 def minatar_net(channels: int, actions: int) -> nn.Sequential:

@@ -1,0 +1,125 @@
+"""Lockstep networks and optimisers (perx.agents.stacked): R stacked runs behave exactly as R separate
+torch.nn networks and torch.optim optimisers, whatever the internal layouts."""
+
+import numpy as np
+import pytest
+import torch
+
+from perx.agents import stacked
+
+NETS = {
+    "minatar": (lambda: stacked.minatar_net(4, 6), (4, 10, 10), 5),
+    "nature": (lambda: stacked.nature_cnn(4, 3), (4, 84, 84), 2),
+    "mlp": (lambda: stacked.mlp(11, 3), (11,), 5),
+    # stride, padding, two convolutions in a row, a non-square spatial map before the flatten
+    "odd-conv": (lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3, stride=2, padding=1), torch.nn.ReLU(),
+                                             torch.nn.Conv2d(5, 4, 2), torch.nn.Flatten(),
+                                             torch.nn.Linear(4 * 3 * 5, 2)), (3, 8, 12), 4),
+}
+
+
+def plain_nets(make, seeds):
+    nets = []
+    for s in seeds:
+        torch.manual_seed(s)
+        nets.append(make())
+    return nets
+
+
+@pytest.mark.parametrize("name", list(NETS))
+def test_stacked_net_equals_each_run_s_torch_network_in_outputs_and_gradients(name):
+    make, shape, batch = NETS[name]
+    seeds = [0, 7, 3]
+    net, plain = stacked.StackedNet(make, seeds), plain_nets(make, seeds)
+    x = torch.randn(len(seeds), batch, *shape, generator=torch.Generator().manual_seed(1))
+    y = net(x)
+    expected = torch.stack([p(x[r]) for r, p in enumerate(plain)])
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-6)
+    y.square().sum().backward()
+    expected.square().sum().backward()
+    layouts = dict(zip([k for k, _ in net.named_parameters()], net.layouts(), strict=True))
+    for k, p in net.named_parameters():
+        for r, single in enumerate(plain):
+            want = dict(single.named_parameters())[k.removeprefix("layers.")].grad
+            torch.testing.assert_close(layouts[k][0](p.grad[r]), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(NETS))
+def test_run_state_is_torch_nn_s_layout_and_round_trips(name):
+    make = NETS[name][0]
+    net = stacked.StackedNet(make, [5, 6])
+    single = plain_nets(make, [6])[0]
+    state = net.run_state(1)
+    assert {k: v.shape for k, v in state.items()} == {f"layers.{k}": v.shape for k, v in single.state_dict().items()}
+    for k, v in single.state_dict().items():
+        assert torch.equal(state[f"layers.{k}"], v)  # run 1 was initialised under seed 6, as torch.nn would
+    other = stacked.StackedNet(make, [1, 2])
+    before = {k: v[1].clone() for k, v in other.state_dict().items()}
+    other.load_run_state(0, state)
+    for k, v in other.state_dict().items():
+        assert torch.equal(v[0], net.state_dict()[k][1])  # stacked layouts equal after the round trip
+        assert torch.equal(v[1], before[k])  # the other run is untouched
+
+
+def test_a_network_with_an_unsupported_layer_is_refused():
+    with pytest.raises(TypeError, match="make: unsupported layer"):
+        stacked.StackedNet(lambda: torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sigmoid()), [0])
+    with pytest.raises(TypeError, match="groups"):
+        stacked.StackedNet(lambda: torch.nn.Sequential(torch.nn.Conv2d(2, 2, 3, groups=2)), [0])
+
+
+@pytest.mark.parametrize("path", ["compiled", "torch"])
+@pytest.mark.parametrize("kind", ["adam", "rmsprop"])
+def test_stacked_optimizer_equals_torch_optim_run_by_run(kind, path, monkeypatch):
+    if path == "torch":  # the path GPU tensors take
+        monkeypatch.setattr(stacked, "_compiled", lambda *tensors: False)
+    torch.manual_seed(0)
+    lrs = [1e-2, 2.5e-3]
+    p = torch.nn.Parameter(torch.randn(2, 5, 3))
+    ours = stacked.StackedOptimizer([p], torch.tensor(lrs), kind, **({"eps": 0.01, "alpha": 0.95} if kind == "rmsprop"
+                                                                        else {}))
+    singles = [torch.nn.Parameter(p[r].detach().clone()) for r in range(2)]
+    opts = [torch.optim.Adam([s], lr=lr) if kind == "adam" else
+            torch.optim.RMSprop([s], lr=lr, alpha=0.95, eps=0.01, centered=True)
+            for s, lr in zip(singles, lrs, strict=True)]
+    for _ in range(5):
+        g = torch.randn(2, 5, 3)
+        p.grad = g.clone()
+        ours.step()
+        for r, (s, o) in enumerate(zip(singles, opts, strict=True)):
+            s.grad = g[r].clone()
+            o.step()
+            torch.testing.assert_close(p[r].detach(), s.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_compiled_optimizer_path_takes_only_cpu_float32_contiguous_tensors():
+    x = torch.zeros(2, 3)
+    assert stacked._compiled(x, x.clone())
+    assert not stacked._compiled(x, x.double())
+    assert not stacked._compiled(x, torch.zeros(3, 2).t())
+
+
+def test_optimizer_run_state_uses_the_network_s_layout_and_round_trips():
+    net = stacked.StackedNet(lambda: stacked.minatar_net(4, 6), [0, 1])
+    opt = stacked.StackedOptimizer(list(net.parameters()), torch.tensor([1e-3, 1e-3]), "rmsprop",
+                                   layouts=net.layouts())
+    net(torch.randn(2, 3, 4, 10, 10)).sum().backward()
+    opt.step()
+    state = opt.run_state(1)
+    shapes = [v.shape for v in net.run_state(1).values()]
+    assert [m.shape for m in state["m"]] == shapes and [v.shape for v in state["v"]] == shapes
+    twin = stacked.StackedOptimizer(list(net.parameters()), torch.tensor([1e-3, 1e-3]), "rmsprop",
+                                    layouts=net.layouts())
+    twin.load_run_state(1, state)
+    for a, b in zip(twin.state, opt.state, strict=True):
+        assert torch.equal(a["m"][1], b["m"][1]) and torch.equal(a["v"][1], b["v"][1])
+    with pytest.raises(ValueError, match="layouts: one per parameter"):
+        stacked.StackedOptimizer(list(net.parameters()), torch.tensor([1e-3, 1e-3]), layouts=net.layouts()[:1])
+
+
+def test_channels_last_rows_put_each_feature_where_torch_s_flatten_has_it():
+    rows = stacked._channels_last_rows(channels=3, features=3 * 4)
+    # stacked row j = hw * C + c holds nn feature c * HW + hw
+    assert rows.tolist() == [0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11]
+    assert sorted(rows.tolist()) == list(range(12))
+    assert np.array_equal(np.argsort(rows)[rows], np.arange(12))
