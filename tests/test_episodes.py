@@ -10,7 +10,7 @@ import pytest
 
 import perx
 from perx.episodes import Episodes
-from tests.conftest import SAMPLERS
+from tests.conftest import SAMPLERS, assert_same, snapshot
 
 OBS = 3  # observation vector: [stream, episode, step in episode] (+ 0.5 marks a final observation)
 
@@ -396,3 +396,59 @@ def test_a_crafted_head_of_another_stream_is_refused(tmp_path):
     rewrite(path, meta, arrays)
     with pytest.raises(ValueError, match="head"):
         perx.ReplayBuffer.load(path)
+
+
+@pytest.mark.parametrize("next_obs", ["shared", "stored"])
+def test_one_step_adds_take_the_scalar_path_and_leave_the_same_state_as_the_batched_path(next_obs, monkeypatch):
+    """EpisodeStore._prepare_one (single steps, no frame stacks) against the batched prepare: the same ids,
+    the same stored state after every add, the same error (and nothing changed) for a broken episode."""
+
+    def play(fast):
+        monkeypatch.setattr(perx.episodes.EpisodeStore, "one_step_path", fast)
+        rng = np.random.default_rng(11)
+        buf = perx.ReplayBuffer(7, perx.Proportional(0.6), episodes=perx.Episodes(streams=3, n_step=2, gamma=0.9,
+                                                                                    next_obs=next_obs), seed=3)
+        last = {e: None for e in range(3)}
+        trace = []
+        for t in range(1500):
+            e = int(rng.integers(3))
+            obs = last[e] if last[e] is not None else rng.standard_normal(2).astype(np.float32)
+            if last[e] is not None and rng.random() < 0.3:
+                obs = obs + 1  # breaks the episode: refused, nothing stored
+            nxt = rng.standard_normal(2).astype(np.float32)
+            term, trunc = bool(rng.random() < 0.1), bool(rng.random() < 0.05)
+            before = snapshot(buf)
+            try:
+                ids = buf.add(obs=obs, next_obs=nxt, action=t, reward=float(t), terminated=term, truncated=trunc,
+                              stream=e)
+            except ValueError as err:
+                assert_same(before, snapshot(buf))
+                trace.append(("error", str(err)))
+                continue
+            last[e] = None if term or trunc else nxt
+            store = buf._episodes
+            state = {k: v.copy() for k, v in vars(store).items() if isinstance(v, np.ndarray)}
+            trace.append(("ok", np.asarray(ids).tolist(), snapshot(buf), state))
+        assert len(buf) == 7
+        batch = buf.get(np.arange(buf.next_index - 7, buf.next_index))
+        trace.append(("batch", {k: np.asarray(batch[k]).copy() for k in batch.keys()}))
+        return trace
+
+    assert perx.episodes.EpisodeStore.one_step_path
+    fast, batched = play(True), play(False)
+    assert sum(step[0] == "error" for step in fast) > 3  # broken episodes were tried
+    assert len(fast) == len(batched)
+    for a, b in zip(fast, batched, strict=True):
+        assert a[0] == b[0]
+        if a[0] == "error":
+            assert a[1] == b[1]
+        elif a[0] == "ok":
+            assert a[1] == b[1]
+            assert_same(a[2], b[2])
+            assert a[3].keys() == b[3].keys()
+            for k in a[3]:
+                np.testing.assert_array_equal(a[3][k], b[3][k], err_msg=k)
+        else:
+            assert a[1].keys() == b[1].keys()
+            for k in a[1]:
+                np.testing.assert_array_equal(a[1][k], b[1][k], err_msg=k)

@@ -231,6 +231,10 @@ _NO_UNITS = (False, np.zeros((1, 1)), np.zeros(1, np.int64), 1, np.zeros((1, 1))
 class EpisodeStore:
     """Links, observation ring, final and head observations of an episodic buffer (internal)."""
 
+    #: Plan single steps without frame stacks in scalars (:meth:`_prepare_one`); tests switch it off to
+    #: compare with the batched path.
+    one_step_path = True
+
     def __init__(self, capacity: int, cfg: Episodes) -> None:
         self.cfg = cfg
         self.capacity = capacity
@@ -316,6 +320,8 @@ class EpisodeStore:
         (batched arrays); ``stored_next`` is the storage's next-observation field when it is stored there
         (``next_obs="stored"``), for checking that a step continues the one written before it."""
         cfg = self.cfg
+        if rows == 1 and not cfg.frame_stack and self.one_step_path:
+            return self._prepare_one(obs, next_obs, terminated, truncated, stream, next_id, stored_next)
         e = _stream_array(stream, rows, cfg.streams)
         ended = np.asarray(terminated, np.bool_) | np.asarray(truncated, np.bool_)
         ids = np.arange(next_id, next_id + rows, dtype=np.int64)
@@ -340,6 +346,38 @@ class EpisodeStore:
         if cfg.check:
             self._check_continuity(obs, next_obs, plan, stored_next, next_id)
         return plan
+
+    def _prepare_one(self, obs, next_obs, terminated, truncated, stream, next_id, stored_next) -> dict:
+        """:meth:`prepare` for one step without frame stacks, in scalars (one environment per add, the
+        common case): the same checks and the same links, ~4x cheaper than the batched path."""
+        cfg = self.cfg
+        e = 0 if stream is None and cfg.streams == 1 else int(_stream_array(stream, 1, cfg.streams)[0])
+        ended = bool(terminated[0]) or bool(truncated[0])
+        continuing = bool(self.head_open[e])
+        pred = int(self.head[e]) if continuing else -1
+        if cfg.check and continuing:
+            expected = None
+            if cfg.shared:
+                if self.units is not None:
+                    expected = self.head_units[e]
+            elif stored_next is not None and pred >= next_id - self.capacity:  # still stored
+                expected = stored_next[pred % self.capacity]
+            if expected is not None and not _same_rows(obs, expected[None])[0]:
+                raise self._not_continuing(0, e)
+        plan = {"one": (e, ended, pred, continuing)}
+        if cfg.shared:
+            plan["cur"], plan["nxt"] = obs, next_obs
+        return plan
+
+    def _not_continuing(self, row: int, stream: int) -> ValueError:
+        cfg = self.cfg
+        return ValueError(
+            f"{cfg.obs}: row {row} (stream {stream}) continues an episode but its observation is not the "
+            f"previous step's {cfg.next_name}. Every step of an episode must follow the one before in "
+            f"its stream, and a new episode starts only after a terminated or truncated step (end an "
+            f"abandoned one with buffer.end_episodes). With Gymnasium's next-step autoreset the step "
+            f"that only resets a sub-environment is not a transition: perx.gym.VectorRecorder drops it"
+        )
 
     def _check_gaps(self, ids, pred, continuing, inside):
         gap = self.cfg.frame_margin // (self.cfg.frame_stack - 1)
@@ -390,13 +428,7 @@ class EpisodeStore:
         bad = known & ~_same_rows(obs, expected)
         if bad.any():
             b = int(np.flatnonzero(bad)[0])
-            raise ValueError(
-                f"{cfg.obs}: row {b} (stream {int(e[b])}) continues an episode but its observation is not the "
-                f"previous step's {cfg.next_name}. Every step of an episode must follow the one before in "
-                f"its stream, and a new episode starts only after a terminated or truncated step (end an "
-                f"abandoned one with buffer.end_episodes). With Gymnasium's next-step autoreset the step "
-                f"that only resets a sub-environment is not a transition: perx.gym.VectorRecorder drops it"
-            )
+            raise self._not_continuing(b, int(e[b]))
         if k and k > 1:
             starts = ~cont
             pad = obs[:, :-1]
@@ -437,6 +469,7 @@ class EpisodeStore:
         if rows == 1 and len(slots) == 1:
             self._write_one(plan, int(ids[0]), int(slots[0]), next_id_before)
             return
+
         e, ended, pred, next_in = plan["e"], plan["ended"], plan["pred"], plan["next_in"]
         kept = len(slots)
         first_kept = rows - kept
@@ -481,8 +514,12 @@ class EpisodeStore:
     def _write_one(self, plan: dict, i: int, s: int, next_id_before: int) -> None:
         """:meth:`write` for a single step (the common case of one environment per buffer), in scalars."""
         cfg, cap = self.cfg, self.capacity
-        e, ended, pred = int(plan["e"][0]), bool(plan["ended"][0]), int(plan["pred"][0])
-        if plan["continuing"][0] and pred >= next_id_before + 1 - cap:
+        if "one" in plan:
+            e, ended, pred, continuing = plan["one"]
+        else:
+            e, ended, pred = int(plan["e"][0]), bool(plan["ended"][0]), int(plan["pred"][0])
+            continuing = bool(plan["continuing"][0])
+        if continuing and pred >= next_id_before + 1 - cap:
             self.succ[pred % cap] = i
         if cfg.shared:
             old = self.final[s]
