@@ -452,3 +452,27 @@ def test_one_step_adds_take_the_scalar_path_and_leave_the_same_state_as_the_batc
             assert a[1].keys() == b[1].keys()
             for k in a[1]:
                 np.testing.assert_array_equal(a[1][k], b[1][k], err_msg=k)
+
+
+@pytest.mark.parametrize("next_obs", ["shared", "stored"])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_continuity_is_checked_against_the_stored_value_whatever_the_next_obs_dtype(next_obs, rows):
+    """A next_obs in a narrower dtype than the store's (int8 into float32, a safe cast) must not round the stored
+    observation it is compared with: 1.0 does not continue 1.5, and NaN continues NaN (single steps take the
+    scalar path, two rows the batched one)."""
+    buf = perx.ReplayBuffer(8, episodes=perx.Episodes(streams=2, next_obs=next_obs))
+    streams = list(range(rows))
+
+    def step(obs, nxt):
+        buf.extend(obs=np.full((rows, 1), obs, np.float32), next_obs=np.full((rows, 1), nxt, nxt.dtype),
+                   reward=np.zeros(rows), terminated=np.zeros(rows, bool), truncated=np.zeros(rows, bool),
+                   stream=streams)
+
+    step(0.0, np.float32(1.5))
+    before = snapshot(buf)
+    with pytest.raises(ValueError, match="continues an episode but its observation is not"):
+        step(1.0, np.int8(2))  # stored 1.5, rounded to 1 by an int8 comparison array
+    assert_same(before, snapshot(buf))
+    buf.end_episodes()
+    step(0.0, np.float32(np.nan))
+    step(np.nan, np.int8(2))  # NaN continues NaN (an int8 comparison array would hold 0 or -128)
