@@ -12,6 +12,12 @@ NETS = {
     "nature": (lambda: stacked.nature_cnn(4, 3), (4, 84, 84), 2),
     "mlp": (lambda: stacked.mlp(11, 3), (11,), 5),
     # stride, padding, two convolutions in a row, a non-square spatial map before the flatten
+    "same-valid-padding": (lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 4, 4, padding="same"), torch.nn.ReLU(),
+                                                       torch.nn.Conv2d(4, 2, 3, padding="valid"), torch.nn.Flatten(),
+                                                       torch.nn.ReLU(), torch.nn.Linear(2 * 5 * 5, 3)), (3, 7, 7), 3),
+    # no Linear after the Flatten: the output keeps torch's (c, h, w) order
+    "conv-head": (lambda: torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3), torch.nn.Tanh(), torch.nn.Flatten()),
+                  (2, 5, 6), 3),
     "odd-conv": (lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3, stride=2, padding=1), torch.nn.ReLU(),
                                              torch.nn.Conv2d(5, 4, 2), torch.nn.Flatten(),
                                              torch.nn.Linear(4 * 3 * 5, 2)), (3, 8, 12), 4),
@@ -26,6 +32,7 @@ def plain_nets(make, seeds):
     return nets
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same'")  # torch's own reference network warns
 @pytest.mark.parametrize("name", list(NETS))
 def test_stacked_net_equals_each_run_s_torch_network_in_outputs_and_gradients(name):
     make, shape, batch = NETS[name]
@@ -123,3 +130,25 @@ def test_channels_last_rows_put_each_feature_where_torch_s_flatten_has_it():
     assert rows.tolist() == [0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11]
     assert sorted(rows.tolist()) == list(range(12))
     assert np.array_equal(np.argsort(rows)[rows], np.arange(12))
+
+
+def test_the_compiled_step_moves_autograd_s_version_so_a_stale_graph_refuses_backward():
+    net = stacked.StackedNet(lambda: stacked.mlp(3, 1, hidden=4), [0, 1])
+    opt = stacked.StackedOptimizer(list(net.parameters()), torch.tensor([0.1, 0.1]), "adam")
+    x = torch.randn(2, 4, 3)
+    net(x).sum().backward()
+    stale = net(x).sum()  # saved the weights before the step
+    assert all(stacked._compiled(p, p.grad) for p in net.parameters())
+    opt.step()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        stale.backward()
+
+
+def test_the_optimizer_finds_each_weight_s_layout_even_after_a_device_move():
+    net = stacked.StackedNet(lambda: stacked.minatar_net(4, 6), [0, 1])
+    params = list(net.parameters())
+    net.to("meta")  # a move that replaces every parameter (as a GPU move may)
+    assert all(p is not q for p, q in zip(params, net.parameters(), strict=True))
+    opt = stacked.StackedOptimizer(list(net.parameters()), torch.tensor([1e-3, 1e-3]), "rmsprop")
+    assert [lay[0] for lay in opt.layouts] == [lay[0] for lay in net.layouts()]
+    assert opt.layouts[2][0] != stacked._SAME[0]  # the linear weight is [R, in, out] inside

@@ -227,8 +227,7 @@ class Runs(LockstepRuns):
         rmsprop = first.optimizer == "rmsprop"
         eps = first.optimizer_eps if first.optimizer_eps is not None else (0.01 if rmsprop else 1e-8)
         opt = {"eps": eps, "alpha": 0.95, "centered": True} if rmsprop else {"eps": eps}
-        self.optimizer = stacked.StackedOptimizer(list(self.q.parameters()), lr, first.optimizer,
-                                                  layouts=self.q.layouts(), **opt)
+        self.optimizer = stacked.StackedOptimizer(list(self.q.parameters()), lr, first.optimizer, **opt)
         self.nets = {"q": self.q, "target": self.target}
         self.optimizers = {"q": self.optimizer}
         self.kappa = torch.tensor([s["kappa"] for s in settings], device=self.device)

@@ -40,6 +40,7 @@ class StackedLinear(nn.Module):
         self.inverse = None if rows is None else torch.as_tensor(np.argsort(rows), dtype=torch.long)
         self.weight = nn.Parameter(torch.stack([self._from_nn(m.weight.detach()) for m in layers]))
         self.bias = nn.Parameter(torch.stack([m.bias.detach() for m in layers]))  # [R, out]
+        self.weight.perx_layout = (self._to_nn, self._from_nn)  # read by StackedOptimizer (and kept by _apply)
 
     def _from_nn(self, w: torch.Tensor) -> torch.Tensor:  # [out, in] -> [in, out]
         w = w if self.rows is None else w[:, self.rows.to(w.device)]
@@ -51,6 +52,11 @@ class StackedLinear(nn.Module):
 
     def layouts(self) -> dict[str, Layout]:
         return {"weight": (self._to_nn, self._from_nn), "bias": _SAME}
+
+    def _apply(self, fn, recurse=True):  # .to(device) may replace the parameter: it keeps its layout
+        out = super()._apply(fn, recurse)
+        self.weight.perx_layout = (self._to_nn, self._from_nn)
+        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight)
@@ -66,9 +72,11 @@ class StackedConv2d(nn.Module):
         first = layers[0]
         if first.groups != 1 or first.dilation != (1, 1) or first.padding_mode != "zeros":
             raise TypeError(f"make: unsupported convolution {first!r} (groups, dilation or padding mode)")
-        self.kernel, self.stride, self.padding = first.kernel_size, first.stride, first.padding
+        self.kernel, self.stride = first.kernel_size, first.stride
+        self.pads = _pads(first.padding, first.kernel_size)  # (left, right, top, bottom), as F.pad takes them
         self.weight = nn.Parameter(torch.stack([self._from_nn(m.weight.detach()) for m in layers]))
         self.bias = nn.Parameter(torch.stack([m.bias.detach() for m in layers]))  # [R, C']
+        self.weight.perx_layout = (self._to_nn, self._from_nn)  # read by StackedOptimizer (and kept by _apply)
 
     def _from_nn(self, w: torch.Tensor) -> torch.Tensor:  # [C', C, kh, kw] -> [kh*kw*C, C']
         return w.permute(2, 3, 1, 0).reshape(-1, w.shape[0]).contiguous()
@@ -80,10 +88,15 @@ class StackedConv2d(nn.Module):
     def layouts(self) -> dict[str, Layout]:
         return {"weight": (self._to_nn, self._from_nn), "bias": _SAME}
 
+    def _apply(self, fn, recurse=True):  # .to(device) may replace the parameter: it keeps its layout
+        out = super()._apply(fn, recurse)
+        self.weight.perx_layout = (self._to_nn, self._from_nn)
+        return out
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        (kh, kw), (sh, sw), (ph, pw) = self.kernel, self.stride, self.padding
-        if ph or pw:
-            x = nn.functional.pad(x, (pw, pw, ph, ph))
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        if any(self.pads):
+            x = nn.functional.pad(x, self.pads)
         runs, batch = x.shape[:2]
         # [R, B, C, H', W', kh, kw] -> [R, B, H', W', kh, kw, C]: views; the reshape is the one copy
         patches = x.unfold(3, kh, sh).unfold(4, kw, sw).permute(0, 1, 3, 4, 5, 6, 2)
@@ -116,10 +129,13 @@ class StackedNet(nn.Module):
             elif isinstance(kind, nn.ReLU | nn.Tanh):
                 layers.append(type(kind)())
             elif isinstance(kind, nn.Flatten):
-                layers.append(_FlattenRuns(channels_last=channels is not None))
-                if channels is not None:
-                    rows = _channels_last_rows(channels, _next_linear(nets[0], kind).in_features)
-                    channels = None
+                # after a convolution, flatten in (h, w, c) order (a view) and permute the next Linear's rows
+                # to match; without such a Linear, flatten in torch's (c, h, w) order (a copy)
+                linear = _next_linear(nets[0], kind) if channels is not None else None
+                layers.append(_FlattenRuns(channels_last=linear is not None))
+                if linear is not None:
+                    rows = _channels_last_rows(channels, linear.in_features)
+                channels = None
             else:
                 raise TypeError(f"make: unsupported layer {kind!r}")
         self.layers = nn.Sequential(*layers)
@@ -153,14 +169,29 @@ class StackedNet(nn.Module):
                 v[r].copy_(lay.get(k, _SAME)[1](state[k].to(v.device)))
 
 
-def _next_linear(net: nn.Sequential, flatten: nn.Flatten) -> nn.Linear:
+def _pads(padding: str | tuple[int, int], kernel: tuple[int, int]) -> tuple[int, int, int, int]:
+    """Conv2d's padding as (left, right, top, bottom); "same" puts an odd extra pixel after, as torch does."""
+    if padding == "valid":
+        return (0, 0, 0, 0)
+    if padding == "same":
+        (kh, kw) = kernel
+        return (kw - 1) // 2, kw - 1 - (kw - 1) // 2, (kh - 1) // 2, kh - 1 - (kh - 1) // 2
+    ph, pw = padding
+    return pw, pw, ph, ph
+
+
+def _next_linear(net: nn.Sequential, flatten: nn.Flatten) -> nn.Linear | None:
+    """The first Linear after ``flatten``; None when another layer kind that mixes features (a Flatten or a
+    convolution) or the end of the network comes first."""
     found = False
     for m in net:
         if m is flatten:
             found = True
         elif found and isinstance(m, nn.Linear):
             return m
-    raise TypeError("make: a Flatten after a convolution must be followed by a Linear layer")
+        elif found and not isinstance(m, nn.ReLU | nn.Tanh):
+            return None
+    return None
 
 
 def _channels_last_rows(channels: int, features: int) -> np.ndarray:
@@ -222,7 +253,8 @@ class StackedOptimizer:
     with a step size per run (``lr``: float tensor [R]). Elementwise, so it is exactly one optimiser per
     run; tests compare it with ``torch.optim`` run by run. On the CPU (float32, contiguous) a step is one
     compiled pass over each parameter, its gradient and its two moments; elsewhere torch operations.
-    ``layouts`` (``StackedNet.layouts()``) puts the moments of :meth:`run_state` in torch.nn's layout."""
+    :meth:`run_state` gives the moments in torch.nn's layout: ``layouts`` (``StackedNet.layouts()``), by
+    default the layout each stacked parameter carries."""
 
     def __init__(self, params: Sequence[torch.Tensor], lr: torch.Tensor, kind: str = "adam", *,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, alpha: float = 0.95,
@@ -232,7 +264,9 @@ class StackedOptimizer:
         self.params = list(params)
         if layouts is not None and len(layouts) != len(self.params):
             raise ValueError(f"layouts: one per parameter ({len(self.params)}), got {len(layouts)}")
-        self.layouts = list(layouts) if layouts is not None else [_SAME] * len(self.params)
+        if layouts is None:  # each stacked weight carries its own (StackedLinear, StackedConv2d)
+            layouts = [getattr(p, "perx_layout", _SAME) for p in self.params]
+        self.layouts = list(layouts)
         self.lr = lr
         self.kind, self.betas, self.eps, self.alpha, self.centered = kind, betas, eps, alpha, centered
         self.state = [{"m": torch.zeros_like(p), "v": torch.zeros_like(p)} for p in self.params]
@@ -259,6 +293,8 @@ class StackedOptimizer:
                     _adam(*flat, lr32, b1, b2, self.eps, 1 - b1**self.steps, 1 - b2**self.steps)
                 else:
                     _rmsprop(*flat, lr32, self.alpha, self.eps, self.centered)
+                # written through numpy: tell autograd, so that a graph that saved p refuses to run backward
+                torch.autograd.graph.increment_version(p)
                 continue
             lr = self.lr.reshape(-1, *([1] * (p.dim() - 1)))  # [R, 1, ...]: a step size per run
             if self.kind == "adam":

@@ -151,10 +151,8 @@ class Runs(LockstepRuns):
         self.q1_t = stacked.StackedNet(critic, [s + 10_000 for s in seeds]).to(dev)
         self.q2_t = stacked.StackedNet(critic, [s + 20_000 for s in seeds]).to(dev)
         lr = torch.full((self.R,), c.learning_rate, device=dev)
-        self.actor_opt = stacked.StackedOptimizer(list(self.actor.parameters()), lr, "adam",
-                                                  layouts=self.actor.layouts())
-        self.critic_opt = stacked.StackedOptimizer(list(self.q1.parameters()) + list(self.q2.parameters()), lr, "adam",
-                                                   layouts=self.q1.layouts() + self.q2.layouts())
+        self.actor_opt = stacked.StackedOptimizer(list(self.actor.parameters()), lr, "adam")
+        self.critic_opt = stacked.StackedOptimizer(list(self.q1.parameters()) + list(self.q2.parameters()), lr, "adam")
         self.nets = {"actor": self.actor, "q1": self.q1, "q2": self.q2, "actor_t": self.actor_t, "q1_t": self.q1_t,
                      "q2_t": self.q2_t}
         self.optimizers = {"actor": self.actor_opt, "critic": self.critic_opt}
