@@ -71,6 +71,8 @@ def test_run_state_is_torch_nn_s_layout_and_round_trips(name):
 def test_a_network_with_an_unsupported_layer_is_refused():
     with pytest.raises(TypeError, match="make: unsupported layer"):
         stacked.StackedNet(lambda: torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sigmoid()), [0])
+    with pytest.raises(TypeError, match=r"only nn\.Flatten"):
+        stacked.StackedNet(lambda: torch.nn.Sequential(torch.nn.Flatten(2), torch.nn.Linear(2, 2)), [0])
     with pytest.raises(TypeError, match="groups"):
         stacked.StackedNet(lambda: torch.nn.Sequential(torch.nn.Conv2d(2, 2, 3, groups=2)), [0])
 

@@ -129,6 +129,8 @@ class StackedNet(nn.Module):
             elif isinstance(kind, nn.ReLU | nn.Tanh):
                 layers.append(type(kind)())
             elif isinstance(kind, nn.Flatten):
+                if (kind.start_dim, kind.end_dim) != (1, -1):
+                    raise TypeError(f"make: only nn.Flatten() of every feature dimension is supported, got {kind!r}")
                 # after a convolution, flatten in (h, w, c) order (a view) and permute the next Linear's rows
                 # to match; without such a Linear, flatten in torch's (c, h, w) order (a copy)
                 linear = _next_linear(nets[0], kind) if channels is not None else None
