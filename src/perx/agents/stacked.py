@@ -7,7 +7,8 @@ RMSprop are elementwise (one optimiser per run, with a per-run step size). Each 
 exactly as ``torch.nn`` would initialise the same network after ``torch.manual_seed(seed)``, so a run's
 start does not depend on which runs share its process.
 
-Layouts are chosen for speed on one CPU core (measured in docs/dqn.md "Throughput"): a linear weight is
+Layouts are chosen for speed on one CPU core (measured in docs/dqn.md, "Cost of replay and throughput"): a
+linear weight is
 stored as [R, in, out] (``x @ W``: one ``baddbmm`` without a transposed operand, 2x faster than
 [R, out, in] here), a convolution is an unfold of its input followed by one ``baddbmm`` against a weight
 [R, kh*kw*C, C'], and activations between convolutions stay channels-last, so that the flatten before
@@ -183,8 +184,8 @@ def _pads(padding: str | tuple[int, int], kernel: tuple[int, int]) -> tuple[int,
 
 
 def _next_linear(net: nn.Sequential, flatten: nn.Flatten) -> nn.Linear | None:
-    """The first Linear after ``flatten``; None when another layer kind that mixes features (a Flatten or a
-    convolution) or the end of the network comes first."""
+    """The first Linear after ``flatten`` with only ReLU/Tanh between; None otherwise (another layer, or the
+    end of the network, comes first)."""
     found = False
     for m in net:
         if m is flatten:
@@ -316,7 +317,7 @@ class StackedOptimizer:
                 p.addcdiv_(g * lr, avg, value=-1.0)
 
     def run_state(self, r: int) -> dict:
-        """Run r's step count and moments (copies, in torch.nn's layout when ``layouts`` was given)."""
+        """Run r's step count and moments (copies, in torch.nn's layout)."""
         pairs = list(zip(self.state, self.layouts, strict=True))
         return {"steps": self.steps, "m": [lay[0](s["m"][r]).clone() for s, lay in pairs],
                 "v": [lay[0](s["v"][r]).clone() for s, lay in pairs]}
