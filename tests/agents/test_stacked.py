@@ -154,3 +154,20 @@ def test_the_optimizer_finds_each_weight_s_layout_even_after_a_device_move():
     opt = stacked.StackedOptimizer(list(net.parameters()), torch.tensor([1e-3, 1e-3]), "rmsprop")
     assert [lay[0] for lay in opt.layouts] == [lay[0] for lay in net.layouts()]
     assert opt.layouts[2][0] != stacked._SAME[0]  # the linear weight is [R, in, out] inside
+
+
+def test_the_unfold_and_the_grouped_convolution_give_the_same_outputs_and_gradients(monkeypatch):
+    conv = stacked.StackedConv2d([(torch.manual_seed(s), torch.nn.Conv2d(3, 5, (3, 2), stride=(1, 2)))[1]
+                                  for s in range(3)])
+    x = torch.randn(3, 4, 3, 9, 8, generator=torch.Generator().manual_seed(0))
+    results = []
+    for pixels in (10**9, 0):  # every map small enough to unfold; none (the grouped convolution)
+        monkeypatch.setattr(stacked, "UNFOLD_MAX_PIXELS", pixels)
+        conv.zero_grad(set_to_none=True)
+        y = conv(x)
+        y.square().sum().backward()
+        results.append((y.detach(), conv.weight.grad.clone(), conv.bias.grad.clone()))
+    assert results[0][0].permute(0, 1, 3, 4, 2).is_contiguous()  # the unfold's result is channels-last
+    assert not results[1][0].permute(0, 1, 3, 4, 2).is_contiguous()
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -63,10 +63,17 @@ class StackedLinear(nn.Module):
         return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight)
 
 
+#: Largest input map (H x W) a convolution computes by unfold + baddbmm (on the CPU, for inputs that need no
+#: gradient); larger maps, and inputs that need one, use a grouped convolution.
+UNFOLD_MAX_PIXELS = 256
+
+
 class StackedConv2d(nn.Module):
-    """R convolutions: x [R, B, C, H, W] (any strides) -> [R, B, C', H', W'] (a channels-last view).
-    The input is unfolded into patches [R, B*H'*W', kh*kw*C] (one copy) and multiplied by ``weight``
-    [R, kh*kw*C, C'] (rows in (kh, kw, c) order) in one ``baddbmm``."""
+    """R convolutions: x [R, B, C, H, W] (any strides) -> [R, B, C', H', W'] (a view). ``weight`` is
+    [R, kh*kw*C, C'] (rows in (kh, kw, c) order). A small input that needs no gradient (the observation of
+    a MinAtar network) is unfolded into patches [R, B*H'*W', kh*kw*C] (one copy) and multiplied by the
+    weight in one ``baddbmm``, giving a channels-last result; anything else runs as one grouped
+    convolution (see ``UNFOLD_MAX_PIXELS``)."""
 
     def __init__(self, layers: Sequence[nn.Conv2d]) -> None:
         super().__init__()
@@ -98,8 +105,18 @@ class StackedConv2d(nn.Module):
         (kh, kw), (sh, sw) = self.kernel, self.stride
         if any(self.pads):
             x = nn.functional.pad(x, self.pads)
-        runs, batch = x.shape[:2]
-        # [R, B, C, H', W', kh, kw] -> [R, B, H', W', kh, kw, C]: views; the reshape is the one copy
+        runs, batch, channels, height, width = x.shape
+        if x.requires_grad or height * width > UNFOLD_MAX_PIXELS or x.device.type != "cpu":
+            # one grouped convolution (oneDNN / cuDNN): faster for large maps and when the input needs a
+            # gradient (measured on this CPU: Atari's 84x84 input 2.4 ms forward against 6.0 for the unfold,
+            # its inner layers 2-2.5x faster forward+backward)
+            weight = self.weight.view(runs, kh, kw, channels, -1).permute(0, 4, 3, 1, 2).reshape(-1, channels, kh, kw)
+            out = nn.functional.conv2d(x.transpose(0, 1).reshape(batch, runs * channels, height, width), weight,
+                                       self.bias.reshape(-1), stride=(sh, sw), groups=runs)
+            return out.view(batch, runs, -1, *out.shape[2:]).transpose(0, 1)
+        # a small input map (MinAtar's 10x10): unfold + one baddbmm, channels-last out (forward 1.3 ms against
+        # 2.5 for the grouped convolution, with its ReLU and flatten, 15 runs at batch 32; forward+backward
+        # 2.5 against 3.7). [R, B, C, H', W', kh, kw] -> [R, B, H', W', kh, kw, C]: views; the reshape copies
         patches = x.unfold(3, kh, sh).unfold(4, kw, sw).permute(0, 1, 3, 4, 5, 6, 2)
         oh, ow = patches.shape[2:4]
         out = torch.baddbmm(self.bias.unsqueeze(1), patches.reshape(runs, batch * oh * ow, -1), self.weight)
