@@ -31,7 +31,20 @@ Layout = tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], 
 _SAME: Layout = (lambda t: t, lambda t: t)
 
 
-class StackedLinear(nn.Module):
+class _StackedLayer(nn.Module):
+    """A stacked layer whose ``weight`` is stored in its own layout: the weight carries ``perx_layout`` =
+    (to_nn, from_nn), read by :meth:`StackedNet.run_state` and :class:`StackedOptimizer`."""
+
+    def _tag(self) -> None:
+        self.weight.perx_layout = (self._to_nn, self._from_nn)
+
+    def _apply(self, fn, recurse=True):  # .to(device) may replace the parameter: it keeps its layout
+        out = super()._apply(fn, recurse)
+        self._tag()
+        return out
+
+
+class StackedLinear(_StackedLayer):
     """R linear layers: x [R, B, in] -> [R, B, out]. ``weight`` is [R, in, out]; with ``rows`` (a
     permutation of range(in)) row j of it holds nn input feature ``rows[j]``."""
 
@@ -41,7 +54,7 @@ class StackedLinear(nn.Module):
         self.inverse = None if rows is None else torch.as_tensor(np.argsort(rows), dtype=torch.long)
         self.weight = nn.Parameter(torch.stack([self._from_nn(m.weight.detach()) for m in layers]))
         self.bias = nn.Parameter(torch.stack([m.bias.detach() for m in layers]))  # [R, out]
-        self.weight.perx_layout = (self._to_nn, self._from_nn)  # read by StackedOptimizer (and kept by _apply)
+        self._tag()
 
     def _from_nn(self, w: torch.Tensor) -> torch.Tensor:  # [out, in] -> [in, out]
         w = w if self.rows is None else w[:, self.rows.to(w.device)]
@@ -50,14 +63,6 @@ class StackedLinear(nn.Module):
     def _to_nn(self, w: torch.Tensor) -> torch.Tensor:  # [in, out] -> [out, in]
         w = w.t()
         return (w if self.inverse is None else w[:, self.inverse.to(w.device)]).contiguous()
-
-    def layouts(self) -> dict[str, Layout]:
-        return {"weight": (self._to_nn, self._from_nn), "bias": _SAME}
-
-    def _apply(self, fn, recurse=True):  # .to(device) may replace the parameter: it keeps its layout
-        out = super()._apply(fn, recurse)
-        self.weight.perx_layout = (self._to_nn, self._from_nn)
-        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight)
@@ -68,7 +73,7 @@ class StackedLinear(nn.Module):
 UNFOLD_MAX_PIXELS = 256
 
 
-class StackedConv2d(nn.Module):
+class StackedConv2d(_StackedLayer):
     """R convolutions: x [R, B, C, H, W] (any strides) -> [R, B, C', H', W'] (a view). ``weight`` is
     [R, kh*kw*C, C'] (rows in (kh, kw, c) order). A small input that needs no gradient (the observation of
     a MinAtar network) is unfolded into patches [R, B*H'*W', kh*kw*C] (one copy) and multiplied by the
@@ -84,7 +89,7 @@ class StackedConv2d(nn.Module):
         self.pads = _pads(first.padding, first.kernel_size)  # (left, right, top, bottom), as F.pad takes them
         self.weight = nn.Parameter(torch.stack([self._from_nn(m.weight.detach()) for m in layers]))
         self.bias = nn.Parameter(torch.stack([m.bias.detach() for m in layers]))  # [R, C']
-        self.weight.perx_layout = (self._to_nn, self._from_nn)  # read by StackedOptimizer (and kept by _apply)
+        self._tag()
 
     def _from_nn(self, w: torch.Tensor) -> torch.Tensor:  # [C', C, kh, kw] -> [kh*kw*C, C']
         return w.permute(2, 3, 1, 0).reshape(-1, w.shape[0]).contiguous()
@@ -92,14 +97,6 @@ class StackedConv2d(nn.Module):
     def _to_nn(self, w: torch.Tensor) -> torch.Tensor:
         kh, kw = self.kernel
         return w.reshape(kh, kw, -1, w.shape[-1]).permute(3, 2, 0, 1).contiguous()
-
-    def layouts(self) -> dict[str, Layout]:
-        return {"weight": (self._to_nn, self._from_nn), "bias": _SAME}
-
-    def _apply(self, fn, recurse=True):  # .to(device) may replace the parameter: it keeps its layout
-        out = super()._apply(fn, recurse)
-        self.weight.perx_layout = (self._to_nn, self._from_nn)
-        return out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         (kh, kw), (sh, sw) = self.kernel, self.stride
@@ -167,14 +164,10 @@ class StackedNet(nn.Module):
 
     def layouts(self) -> list[Layout]:
         """(to_nn, from_nn) of each parameter, in the order of ``parameters()``."""
-        return [self._layouts()[k] for k, _ in self.named_parameters()]
+        return list(self._layouts().values())
 
     def _layouts(self) -> dict[str, Layout]:
-        out = {}
-        for name, module in self.named_modules():
-            if isinstance(module, StackedLinear | StackedConv2d):
-                out.update({f"{name}.{k}": v for k, v in module.layouts().items()})
-        return out
+        return {k: getattr(p, "perx_layout", _SAME) for k, p in self.named_parameters()}
 
     def run_state(self, r: int) -> dict[str, torch.Tensor]:
         """Run r's parameters (copies), each in torch.nn's layout."""
