@@ -32,13 +32,23 @@ def plain_nets(make, seeds):
     return nets
 
 
+def sparse_input(shape, density=0.05, seed=1):
+    """Mostly zeros (as MinAtar's observations), the rest signed values: small maps take the scatter path."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=g) * (torch.rand(shape, generator=g) < density)
+
+
 @pytest.mark.filterwarnings("ignore:Using padding='same'")  # torch's own reference network warns
+@pytest.mark.parametrize("inputs", ["dense", "sparse"])
 @pytest.mark.parametrize("name", list(NETS))
-def test_stacked_net_equals_each_run_s_torch_network_in_outputs_and_gradients(name):
+def test_stacked_net_equals_each_run_s_torch_network_in_outputs_and_gradients(name, inputs):
     make, shape, batch = NETS[name]
     seeds = [0, 7, 3]
     net, plain = stacked.StackedNet(make, seeds), plain_nets(make, seeds)
-    x = torch.randn(len(seeds), batch, *shape, generator=torch.Generator().manual_seed(1))
+    if inputs == "dense":
+        x = torch.randn(len(seeds), batch, *shape, generator=torch.Generator().manual_seed(1))
+    else:
+        x = sparse_input((len(seeds), batch, *shape))
     y = net(x)
     expected = torch.stack([p(x[r]) for r, p in enumerate(plain)])
     torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-6)
@@ -171,3 +181,79 @@ def test_the_unfold_and_the_grouped_convolution_give_the_same_outputs_and_gradie
     assert not results[1][0].permute(0, 1, 3, 4, 2).is_contiguous()
     for a, b in zip(*results, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("density", [0.0, 0.02, 0.3])
+@pytest.mark.parametrize("geometry", [dict(kernel_size=3), dict(kernel_size=(3, 2), stride=(1, 2)),
+                                      dict(kernel_size=4, padding="same"), dict(kernel_size=3, stride=2, padding=1),
+                                      dict(kernel_size=(2, 5), stride=(3, 1), padding=(2, 1))])
+@pytest.mark.parametrize("relu", [False, True])
+def test_the_scatter_unfold_and_grouped_convolutions_agree_in_outputs_and_gradients(monkeypatch, geometry,
+                                                                                    density, relu):
+    conv = stacked.StackedConv2d([(torch.manual_seed(s), torch.nn.Conv2d(3, 5, **geometry))[1] for s in range(3)],
+                                 relu=relu)
+    x = sparse_input((3, 4, 3, 9, 8), density)
+    calls = []
+    scatter = stacked._scatter_forward
+    monkeypatch.setattr(stacked, "_scatter_forward", lambda *a: (calls.append(1), scatter(*a))[1])
+    results = []
+    for max_density, pixels in ((1.0, 10**9), (-1.0, 10**9), (1.0, 0)):  # scatter, unfold, grouped
+        monkeypatch.setattr(stacked, "SCATTER_MAX_DENSITY", max_density)
+        monkeypatch.setattr(stacked, "UNFOLD_MAX_PIXELS", pixels)
+        conv.zero_grad(set_to_none=True)
+        y = conv(x)
+        (y * torch.linspace(-1, 1, y.numel()).view(y.shape)).sum().backward()
+        results.append((y.detach(), conv.weight.grad.clone(), conv.bias.grad.clone()))
+        if len(results) == 1:
+            assert len(calls) == 1
+            with torch.no_grad():  # the path without autograd gives the same outputs
+                torch.testing.assert_close(conv(x), y.detach(), rtol=0, atol=0)
+            assert len(calls) == 2
+    assert len(calls) == 2  # only the first setting scattered
+    assert results[0][0].permute(0, 1, 3, 4, 2).is_contiguous()  # channels-last, as the unfold's
+    assert (results[0][0] >= 0).all() if relu else (results[0][0] < 0).any()
+    for other in results[1:]:
+        for a, b in zip(results[0], other, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_sparse_observation_is_scattered_and_a_dense_one_is_unfolded(monkeypatch):
+    net = stacked.StackedNet(lambda: stacked.minatar_net(4, 3), [0, 1])
+    calls = []
+    scatter = stacked._scatter_forward
+    monkeypatch.setattr(stacked, "_scatter_forward", lambda *a: (calls.append(1), scatter(*a))[1])
+    obs = (torch.rand(2, 8, 4, 10, 10, generator=torch.Generator().manual_seed(0)) < 0.08).float()
+    net(obs)
+    assert len(calls) == 1
+    net(torch.ones(2, 8, 4, 10, 10))  # dense
+    net(sparse_input((2, 8, 4, 10, 10)).requires_grad_())  # an input that needs a gradient
+    assert len(calls) == 1
+
+
+def test_a_scattered_graph_refuses_backward_after_its_input_changed_in_place():
+    conv = stacked.StackedConv2d([torch.nn.Conv2d(2, 3, 3)])
+    x = sparse_input((1, 2, 6, 6, 2)).permute(0, 1, 4, 2, 3)  # channels-last memory: no copy is taken
+    y = conv(x)
+    x.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("dense_runs", [[1], [0, 2], [0, 1, 2], []])
+def test_each_run_takes_the_path_of_its_own_input_and_computes_as_it_would_alone(dense_runs):
+    layers = [(torch.manual_seed(s), torch.nn.Conv2d(3, 5, 3, padding=1))[1] for s in range(3)]
+    x = sparse_input((3, 4, 3, 7, 6), density=0.03)
+    for r in dense_runs:
+        x[r] = torch.randn(4, 3, 7, 6, generator=torch.Generator().manual_seed(r))
+    group = stacked.StackedConv2d(layers, relu=True)
+    y = group(x)
+    (y * torch.linspace(-1, 1, y.numel()).view(y.shape)).sum().backward()
+    for r in range(3):
+        alone = stacked.StackedConv2d(layers[r:r + 1], relu=True)
+        y1 = alone(x[r:r + 1])
+        (y1 * torch.linspace(-1, 1, y.numel()).view(y.shape)[r:r + 1]).sum().backward()
+        assert torch.equal(y[r], y1[0])
+        assert torch.equal(group.weight.grad[r], alone.weight.grad[0])
+        assert torch.equal(group.bias.grad[r], alone.bias.grad[0])
+        want = torch.relu(layers[r](x[r]))
+        torch.testing.assert_close(y[r], want, rtol=1e-5, atol=1e-5)

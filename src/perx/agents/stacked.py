@@ -10,8 +10,9 @@ start does not depend on which runs share its process.
 Layouts are chosen for speed on one CPU core (measured in docs/dqn.md, "Cost of replay and throughput"): a
 linear weight is
 stored as [R, in, out] (``x @ W``: one ``baddbmm`` without a transposed operand, 2x faster than
-[R, out, in] here), a convolution is an unfold of its input followed by one ``baddbmm`` against a weight
-[R, kh*kw*C, C'], and activations between convolutions stay channels-last, so that the flatten before
+[R, out, in] here), a convolution's weight is [R, kh*kw*C, C'], a small sparse input (MinAtar's
+observations: 1-8% ones) is convolved by scattering its nonzero pixels (a compiled kernel), a small dense
+one by an unfold and one ``baddbmm``, and the output stays channels-last, so that the flatten before
 the first linear layer is a free view (that layer's input rows are permuted to match). The layouts are
 internal: :meth:`StackedNet.run_state` and checkpoints hold each run's parameters in ``torch.nn``'s own
 layout, loadable into the plain network.
@@ -68,25 +69,35 @@ class StackedLinear(_StackedLayer):
         return torch.baddbmm(self.bias.unsqueeze(1), x, self.weight)
 
 
-#: Largest input map (H x W) a convolution computes by unfold + baddbmm (on the CPU, for inputs that need no
-#: gradient); larger maps, and inputs that need one, use a grouped convolution.
+#: Largest input map (H x W) a convolution computes by unfold + baddbmm or by scattering (on the CPU, for
+#: inputs that need no gradient); larger maps, and inputs that need one, use a grouped convolution.
 UNFOLD_MAX_PIXELS = 256
+#: Largest fraction of nonzero inputs for which such a small map is convolved by scattering its nonzero
+#: pixels into the output (cost ~ nonzeros) rather than by unfold + baddbmm (cost ~ all pixels). On this CPU,
+#: 15 runs at batch 32 of a 10x10x4 map: 0.9 ms against 1.2 at 8% nonzero, equal near 12%, 5 ms against 1.2
+#: when dense (benchmarks/bench_stacked_nets.py has the whole network).
+SCATTER_MAX_DENSITY = 0.1
 
 
 class StackedConv2d(_StackedLayer):
     """R convolutions: x [R, B, C, H, W] (any strides) -> [R, B, C', H', W'] (a view). ``weight`` is
-    [R, kh*kw*C, C'] (rows in (kh, kw, c) order). A small input that needs no gradient (the observation of
-    a MinAtar network) is unfolded into patches [R, B*H'*W', kh*kw*C] (one copy) and multiplied by the
-    weight in one ``baddbmm``, giving a channels-last result; anything else runs as one grouped
-    convolution (see ``UNFOLD_MAX_PIXELS``)."""
+    [R, kh*kw*C, C'] (rows in (kh, kw, c) order). A small float32 input on the CPU that needs no gradient
+    (the observation of a MinAtar network) gives a channels-last result: for each run whose input is at
+    most ``SCATTER_MAX_DENSITY`` nonzero, each nonzero pixel adds its weight rows to the outputs it reaches
+    (a compiled kernel; its weight gradient likewise); the other runs' inputs are unfolded into patches
+    [R, B*H'*W', kh*kw*C] (one copy) and multiplied by the weight in one ``baddbmm``. The choice is made
+    per run, so that a run computes the same whichever runs share its call. Anything else runs as one
+    grouped convolution (see ``UNFOLD_MAX_PIXELS``). With ``relu``, a ReLU is applied to the output."""
 
-    def __init__(self, layers: Sequence[nn.Conv2d]) -> None:
+    def __init__(self, layers: Sequence[nn.Conv2d], relu: bool = False) -> None:
         super().__init__()
         first = layers[0]
+        self.relu = relu  # apply a ReLU to the output
         if first.groups != 1 or first.dilation != (1, 1) or first.padding_mode != "zeros":
             raise TypeError(f"make: unsupported convolution {first!r} (groups, dilation or padding mode)")
         self.kernel, self.stride = first.kernel_size, first.stride
         self.pads = _pads(first.padding, first.kernel_size)  # (left, right, top, bottom), as F.pad takes them
+        self._taps: dict = {}  # (H, W) -> the scatter kernel's tables (see _taps)
         self.weight = nn.Parameter(torch.stack([self._from_nn(m.weight.detach()) for m in layers]))
         self.bias = nn.Parameter(torch.stack([m.bias.detach() for m in layers]))  # [R, C']
         self._tag()
@@ -99,6 +110,21 @@ class StackedConv2d(_StackedLayer):
         return w.reshape(kh, kw, -1, w.shape[-1]).permute(3, 2, 0, 1).contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (not x.requires_grad and x.shape[3] * x.shape[4] <= UNFOLD_MAX_PIXELS and x.device.type == "cpu"
+                and x.dtype == torch.float32 == self.weight.dtype):
+            pixels = x.permute(0, 1, 3, 4, 2).contiguous()  # channels-last: a view of MinAtar's input
+            flat = pixels.view(pixels.shape[0], -1).numpy()
+            sparse = _nonzeros(flat) <= SCATTER_MAX_DENSITY * flat.shape[1]
+            if sparse.all():
+                return self._scatter(pixels, self.weight, self.bias)
+            if sparse.any():  # each run takes the path its own input chooses, as it would alone
+                s, d = np.flatnonzero(sparse), np.flatnonzero(~sparse)
+                out = torch.cat([self._scatter(pixels[s], self.weight[s], self.bias[s]),
+                                 self._dense(x[d], self.weight[d], self.bias[d])])
+                return out[torch.as_tensor(np.argsort(np.concatenate([s, d])))]
+        return self._dense(x, self.weight, self.bias)
+
+    def _dense(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         (kh, kw), (sh, sw) = self.kernel, self.stride
         if any(self.pads):
             x = nn.functional.pad(x, self.pads)
@@ -107,17 +133,167 @@ class StackedConv2d(_StackedLayer):
             # one grouped convolution (oneDNN / cuDNN): faster for large maps and when the input needs a
             # gradient (measured on this CPU: Atari's 84x84 input 2.4 ms forward against 6.0 for the unfold,
             # its inner layers 2-2.5x faster forward+backward)
-            weight = self.weight.view(runs, kh, kw, channels, -1).permute(0, 4, 3, 1, 2).reshape(-1, channels, kh, kw)
+            weight = weight.view(runs, kh, kw, channels, -1).permute(0, 4, 3, 1, 2).reshape(-1, channels, kh, kw)
             out = nn.functional.conv2d(x.transpose(0, 1).reshape(batch, runs * channels, height, width), weight,
-                                       self.bias.reshape(-1), stride=(sh, sw), groups=runs)
-            return out.view(batch, runs, -1, *out.shape[2:]).transpose(0, 1)
-        # a small input map (MinAtar's 10x10): unfold + one baddbmm, channels-last out (forward 1.3 ms against
-        # 2.5 for the grouped convolution, with its ReLU and flatten, 15 runs at batch 32; forward+backward
+                                       bias.reshape(-1), stride=(sh, sw), groups=runs)
+            out = out.view(batch, runs, -1, *out.shape[2:]).transpose(0, 1)
+            return torch.relu(out) if self.relu else out
+        # a small dense input map: unfold + one baddbmm, channels-last out (forward 1.3 ms against 2.5 for the
+        # grouped convolution, with its ReLU and flatten, 15 runs at batch 32 of 10x10x4; forward+backward
         # 2.5 against 3.7). [R, B, C, H', W', kh, kw] -> [R, B, H', W', kh, kw, C]: views; the reshape copies
         patches = x.unfold(3, kh, sh).unfold(4, kw, sw).permute(0, 1, 3, 4, 5, 6, 2)
         oh, ow = patches.shape[2:4]
-        out = torch.baddbmm(self.bias.unsqueeze(1), patches.reshape(runs, batch * oh * ow, -1), self.weight)
-        return out.view(runs, batch, oh, ow, -1).permute(0, 1, 4, 2, 3)
+        out = torch.baddbmm(bias.unsqueeze(1), patches.reshape(runs, batch * oh * ow, -1), weight)
+        out = out.view(runs, batch, oh, ow, -1).permute(0, 1, 4, 2, 3)
+        return torch.relu(out) if self.relu else out
+
+    def _scatter(self, pixels: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """The convolution of channels-last pixels [R, B, H, W, C] (contiguous float32) by scattering."""
+        taps = self._taps.get(pixels.shape[2:4])
+        if taps is None:
+            taps = self._taps[pixels.shape[2:4]] = _taps(pixels.shape[2], pixels.shape[3], self.kernel, self.stride,
+                                                         self.pads)
+        if torch.is_grad_enabled() and (weight.requires_grad or bias.requires_grad):
+            out = _ScatterConv.apply(weight, bias, pixels, taps, self.relu)
+        else:
+            out = _scatter_forward(weight.detach(), bias.detach(), pixels, taps, self.relu)
+        return out.permute(0, 1, 4, 2, 3)
+
+
+def _taps(height: int, width: int, kernel: tuple[int, int], stride: tuple[int, int],
+          pads: tuple[int, int, int, int]) -> tuple[np.ndarray, ...]:
+    """For each input row (and column): the kernel rows (columns) and output rows (columns) it meets, as
+    arrays [H, kh] (and [W, kw]) with counts [H] ([W]); then the output height and width."""
+    left, right, top, bottom = pads
+    out = []
+    for size, k, s, before, after in ((height, kernel[0], stride[0], top, bottom),
+                                      (width, kernel[1], stride[1], left, right)):
+        n_out = (size + before + after - k) // s + 1
+        ks, outs, n = np.zeros((size, k), np.int64), np.zeros((size, k), np.int64), np.zeros(size, np.int64)
+        for i in range(size):
+            for j in range(k):  # input i sits under kernel offset j of output (i + before - j) / s
+                t = i + before - j
+                if t >= 0 and t % s == 0 and t // s < n_out:
+                    ks[i, n[i]], outs[i, n[i]] = j, t // s
+                    n[i] += 1
+        out += [ks, outs, n]
+    return (*out, np.int64(out[1].max(initial=-1) + 1), np.int64(out[4].max(initial=-1) + 1))
+
+
+def _scatter_forward(weight: torch.Tensor, bias: torch.Tensor, pixels: torch.Tensor,
+                     taps: tuple[np.ndarray, ...], relu: bool) -> torch.Tensor:
+    runs, batch = pixels.shape[:2]
+    out = torch.empty(runs, batch, int(taps[6]), int(taps[7]), weight.shape[-1])
+    _scatter_conv(pixels.numpy(), weight.numpy(), bias.numpy(), *taps[:6], relu, out.numpy())
+    return out
+
+
+class _ScatterConv(torch.autograd.Function):
+    """The scattered convolution (and its ReLU) with gradients for the weight and bias (the input needs
+    none)."""
+
+    @staticmethod
+    def forward(ctx, weight, bias, pixels, taps, relu):
+        out = _scatter_forward(weight.detach(), bias.detach(), pixels, taps, relu)
+        ctx.save_for_backward(pixels, out if relu else None)
+        ctx.taps = taps
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        pixels, out = ctx.saved_tensors
+        runs, _, _, _, channels = pixels.shape
+        kh, kw = ctx.taps[0].shape[1], ctx.taps[3].shape[1]
+        dw = torch.empty(runs, kh * kw * channels, grad.shape[-1])
+        db = torch.empty(runs, grad.shape[-1])
+        grad = grad.contiguous().numpy()
+        # through the ReLU (inside the kernel): no gradient where the output was clipped to 0
+        _scatter_conv_grad(pixels.numpy(), grad, grad if out is None else out.numpy(), out is not None,
+                           *ctx.taps[:6], dw.numpy(), db.numpy())
+        return dw, db, None, None, None
+
+
+@njit(cache=True, nogil=True)
+def _nonzeros(x):  # pragma: no cover - compiled
+    """The nonzero count of each row of x [R, n] (np.count_nonzero took 0.11 ms for MinAtar's 15 x 32
+    observations; this loop vectorises)."""
+    counts = np.zeros(x.shape[0], np.int64)
+    for r in range(x.shape[0]):
+        n = 0
+        for v in x[r]:
+            n += v != 0
+        counts[r] = n
+    return counts
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _scatter_conv(x, w, bias, hk, ho, hn, wk, wo, wn, relu, out):  # pragma: no cover - compiled
+    """out[r, b, oh, ow] = bias[r] + sum of x[r, b, h, w, c] * w[r, (i*kw + j)*C + c] over the input pixels
+    under each kernel offset (i, j) of that output (then max(0, .) with ``relu``): each nonzero pixel adds
+    to the outputs it reaches (a zero adds nothing, even against an infinite weight)."""
+    R, B, H, W, C = x.shape
+    kw, co = wk.shape[1], w.shape[2]
+    for r in range(R):
+        wr, br = w[r], bias[r]
+        for b in range(B):
+            ob, xb = out[r, b], x[r, b]
+            for oh in range(ob.shape[0]):
+                for ow in range(ob.shape[1]):
+                    for o in range(co):
+                        ob[oh, ow, o] = br[o]
+            for h in range(H):
+                for iw in range(W):
+                    for c in range(C):
+                        v = xb[h, iw, c]
+                        if v == 0:
+                            continue
+                        for a in range(hn[h]):
+                            oh, i = ho[h, a], hk[h, a]
+                            for e in range(wn[iw]):
+                                ow, k = wo[iw, e], (i * kw + wk[iw, e]) * C + c
+                                for o in range(co):
+                                    ob[oh, ow, o] += v * wr[k, o]
+            if relu:  # the image's outputs are still in L1
+                for oh in range(ob.shape[0]):
+                    for ow in range(ob.shape[1]):
+                        for o in range(co):
+                            ob[oh, ow, o] = max(ob[oh, ow, o], np.float32(0))
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _scatter_conv_grad(x, g, out, relu, hk, ho, hn, wk, wo, wn, dw, db):  # pragma: no cover - compiled
+    """The weight and bias gradients of :func:`_scatter_conv` for the output gradient g [R, B, OH, OW, C']
+    (with ``relu``, through the ReLU of the outputs ``out``)."""
+    R, B, H, W, C = x.shape
+    kw, co = wk.shape[1], g.shape[4]
+    dw[:] = 0
+    db[:] = 0
+    gb = np.empty(g.shape[2:], g.dtype)  # one image's gradient before the ReLU
+    for r in range(R):
+        dr = dw[r]
+        for b in range(B):
+            xb = x[r, b]
+            for oh in range(gb.shape[0]):
+                for ow in range(gb.shape[1]):
+                    for o in range(co):
+                        gv = g[r, b, oh, ow, o]
+                        if relu and not out[r, b, oh, ow, o] > 0:
+                            gv = np.float32(0)
+                        gb[oh, ow, o] = gv
+                        db[r, o] += gv
+            for h in range(H):
+                for iw in range(W):
+                    for c in range(C):
+                        v = xb[h, iw, c]
+                        if v == 0:
+                            continue
+                        for a in range(hn[h]):
+                            oh, i = ho[h, a], hk[h, a]
+                            for e in range(wn[iw]):
+                                ow, k = wo[iw, e], (i * kw + wk[iw, e]) * C + c
+                                for o in range(co):
+                                    dr[k, o] += v * gb[oh, ow, o]
 
 
 class StackedNet(nn.Module):
@@ -133,14 +309,20 @@ class StackedNet(nn.Module):
         layers = []
         channels = None  # channels of the last convolution while activations are channels-last
         rows = None  # the input-row permutation of the next linear layer (after a channels-last flatten)
-        for parts in zip(*(net for net in nets), strict=True):
+        modules = list(zip(*(net for net in nets), strict=True))
+        for n, parts in enumerate(modules):
             kind = parts[0]
             if isinstance(kind, nn.Linear):
                 layers.append(StackedLinear(parts, rows))
                 rows = None
             elif isinstance(kind, nn.Conv2d):
-                layers.append(StackedConv2d(parts))
+                # a ReLU right after a convolution runs inside it (the scatter kernel applies it in place);
+                # an Identity keeps its index, so parameter names stay torch.nn's
+                relu = n + 1 < len(modules) and isinstance(modules[n + 1][0], nn.ReLU)
+                layers.append(StackedConv2d(parts, relu=relu))
                 channels = kind.out_channels
+            elif isinstance(kind, nn.ReLU) and n > 0 and isinstance(modules[n - 1][0], nn.Conv2d):
+                layers.append(nn.Identity())
             elif isinstance(kind, nn.ReLU | nn.Tanh):
                 layers.append(type(kind)())
             elif isinstance(kind, nn.Flatten):
