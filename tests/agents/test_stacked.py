@@ -186,7 +186,8 @@ def test_the_unfold_and_the_grouped_convolution_give_the_same_outputs_and_gradie
 @pytest.mark.parametrize("density", [0.0, 0.02, 0.3])
 @pytest.mark.parametrize("geometry", [dict(kernel_size=3), dict(kernel_size=(3, 2), stride=(1, 2)),
                                       dict(kernel_size=4, padding="same"), dict(kernel_size=3, stride=2, padding=1),
-                                      dict(kernel_size=(2, 5), stride=(3, 1), padding=(2, 1))])
+                                      dict(kernel_size=(2, 5), stride=(3, 1), padding=(2, 1)),
+                                      dict(kernel_size=2, padding=3)])  # output rows of padding alone
 @pytest.mark.parametrize("relu", [False, True])
 def test_the_scatter_unfold_and_grouped_convolutions_agree_in_outputs_and_gradients(monkeypatch, geometry,
                                                                                     density, relu):

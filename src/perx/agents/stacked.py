@@ -165,7 +165,7 @@ def _taps(height: int, width: int, kernel: tuple[int, int], stride: tuple[int, i
     """For each input row (and column): the kernel rows (columns) and output rows (columns) it meets, as
     arrays [H, kh] (and [W, kw]) with counts [H] ([W]); then the output height and width."""
     left, right, top, bottom = pads
-    out = []
+    out, sizes = [], []
     for size, k, s, before, after in ((height, kernel[0], stride[0], top, bottom),
                                       (width, kernel[1], stride[1], left, right)):
         n_out = (size + before + after - k) // s + 1
@@ -177,7 +177,8 @@ def _taps(height: int, width: int, kernel: tuple[int, int], stride: tuple[int, i
                     ks[i, n[i]], outs[i, n[i]] = j, t // s
                     n[i] += 1
         out += [ks, outs, n]
-    return (*out, np.int64(out[1].max(initial=-1) + 1), np.int64(out[4].max(initial=-1) + 1))
+        sizes.append(np.int64(n_out))  # output rows of padding alone are reached by no input
+    return (*out, *sizes)
 
 
 def _scatter_forward(weight: torch.Tensor, bias: torch.Tensor, pixels: torch.Tensor,
