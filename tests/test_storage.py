@@ -376,3 +376,126 @@ def test_a_sample_from_a_mixin_or_set_on_the_instance_is_not_bypassed():
     batch = plain.sample(4)
     assert calls == [5, -1]
     np.testing.assert_array_equal(batch["x"], batch.indices.astype(float))
+
+
+# -- the fast paths of add and extend (values that need no conversion) ----------------------------------------
+
+_SCALAR_DTYPES = [np.bool_, np.int8, np.uint8, np.int32, np.int64, np.uint64, np.float16, np.float32, np.float64]
+_CANDIDATES = [
+    True, 0, -1, 300, 2**31, 2**63 - 1, 2**63, -(2**63) - 1, 2**70, 0.5, 65504.0, 65520.0, 3.4028235e38,
+    3.4028236e38, 1e39, -1e39, 1e300, float("nan"), float("inf"), -float("inf"),
+    np.bool_(True), np.int8(-5), np.int64(300), np.int64(-1), np.uint8(200), np.uint64(2**64 - 1),
+    np.float16(1.5), np.float32(1e38), np.float32(np.inf), np.float64(1e39), np.float64(np.nan),
+    np.float64(-3.4028235e38), np.complex64(1), np.str_("a"), "a", None,
+    np.array(7, np.int64), np.array(2.5, np.float32), np.array([1.0], np.float32), np.array(True),
+]
+
+
+def _general(buf):
+    """The same buffer with the fast paths switched off: add and extend go through prepare + write."""
+    buf._storage._one = None
+    return buf
+
+
+def _outcome(method, **fields):
+    """("ok", ids as a list) or (the exception's type name, its message)."""
+    try:
+        return ("ok", method(**fields).tolist())
+    except Exception as err:
+        return (type(err).__name__, str(err))
+
+
+@pytest.mark.parametrize("dtype", _SCALAR_DTYPES)
+def test_a_single_add_stores_or_refuses_each_value_as_the_general_path_does(dtype):
+    spec = {"x": ((), dtype), "v": ((3,), np.float32), "m": ((2, 2), np.int16)}
+    fast = perx.ReplayBuffer(4, perx.Proportional(), spec=spec, seed=0)
+    slow = _general(perx.ReplayBuffer(4, perx.Proportional(), spec=spec, seed=0))
+    probe = perx.ReplayBuffer(4, spec=spec)
+    v, m = np.arange(3, dtype=np.float32), np.arange(4, dtype=np.int16).reshape(2, 2)
+    taken = 0
+    for value in _CANDIDATES:
+        got = [_outcome(b.add, x=value, v=v, m=m) for b in (fast, slow)]
+        assert got[0] == got[1], (value, got)
+        np.testing.assert_array_equal(fast._storage.rows, slow._storage.rows)
+        taken += probe._storage.write_one({"x": value, "v": v, "m": m}) is not None
+    assert fast._storage.next_id == slow._storage.next_id
+    assert taken >= 3  # the value types the field takes as they are went the fast way
+
+
+@pytest.mark.parametrize("value", [
+    np.arange(3, dtype=np.float32), np.arange(3, dtype=np.float64), np.arange(3, dtype=np.int64),
+    np.arange(6, dtype=np.float32)[::2], np.arange(2, dtype=np.float32), np.full(3, 1e39), [1, 2, 3], 1.0,
+    np.arange(3, dtype=np.float32).reshape(1, 3), np.ma.masked_array(np.zeros(3, np.float32)),
+])
+def test_a_single_add_of_an_array_field_matches_the_general_path(value):
+    spec = {"v": ((3,), np.float32), "r": ((), np.float32)}
+    fast = perx.ReplayBuffer(4, spec=spec)
+    slow = _general(perx.ReplayBuffer(4, spec=spec))
+    got = [_outcome(b.add, v=value, r=1.0) for b in (fast, slow)]
+    assert got[0] == got[1]
+    np.testing.assert_array_equal(fast._storage.rows, slow._storage.rows)
+
+
+def test_a_single_add_with_missing_or_extra_fields_is_refused_as_before():
+    spec = {"a": ((), np.float32), "b": ((), np.int64)}
+    fast, slow = perx.ReplayBuffer(4, spec=spec), _general(perx.ReplayBuffer(4, spec=spec))
+    for fields in ({"a": 1.0}, {"a": 1.0, "c": 2}, {"a": 1.0, "b": 2, "c": 3}, {}):
+        got = [_outcome(b.add, **fields) for b in (fast, slow)]
+        assert got[0][0] == "ValueError" and got[0] == got[1]
+    assert len(fast) == 0
+
+
+def test_common_single_adds_and_batches_skip_the_general_checks(monkeypatch):
+    buf = perx.ReplayBuffer(8, perx.Proportional(), spec={"o": ((2,), np.float32), "a": ((), np.int64),
+                                                           "r": ((), np.float32), "d": ((), np.bool_)})
+    called = []
+    real = Storage.prepare
+    monkeypatch.setattr(Storage, "_infer_spec", lambda *a, **k: called.append("infer"))
+
+    def spy(self, fields, *, batched):
+        out = real(self, fields, batched=batched)
+        if self._one is None or out[0] is not fields:
+            called.append(batched)
+        return out
+
+    monkeypatch.setattr(Storage, "prepare", spy)
+    o = np.zeros(2, np.float32)
+    buf.add(o=o, a=3, r=0.5, d=False)  # Python scalars that fit
+    buf.add(o=o, a=np.int64(3), r=np.float32(0.5), d=np.bool_(True))  # numpy scalars of the fields' types
+    buf.add(o=o, a=np.int32(3), r=np.float64(0.5), d=True)  # safe and in-range narrowing casts
+    buf.extend(o=np.zeros((3, 2), np.float32), a=np.arange(3), r=np.ones(3, np.float32), d=np.zeros(3, bool))
+    assert called == [] and len(buf) == 6
+    buf.extend(o=np.zeros((3, 2)), a=np.arange(3), r=np.ones(3), d=np.zeros(3, bool))  # float64: cast checks
+    assert called == [True]
+
+
+def test_the_fast_paths_survive_a_copy_and_a_buffer_without_a_spec_yet():
+    import copy
+    import pickle
+
+    empty = perx.ReplayBuffer(4)
+    for twin in (copy.deepcopy(empty), pickle.loads(pickle.dumps(empty))):
+        twin.add(x=1.0, y=np.zeros(2))
+        assert twin._storage._one is not None
+    full = perx.ReplayBuffer(4, spec={"x": ((), np.float64)})
+    full.add(x=1.0)
+    twin = pickle.loads(pickle.dumps(full))
+    twin.add(x=2.0)
+    assert twin._storage.data["x"][:2].tolist() == [1.0, 2.0] and full._storage.data["x"][1] == 0.0
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7, 12])
+def test_an_exact_batch_is_stored_as_the_general_path_stores_it(rows):
+    spec = {"o": ((2, 3), np.float32), "a": ((), np.int64), "d": ((), np.bool_), "k": ((1,), np.uint8)}
+    rng = np.random.default_rng(rows)
+    fast, slow = perx.ReplayBuffer(5, spec=spec), _general(perx.ReplayBuffer(5, spec=spec))
+    for _ in range(3):  # wrap-around and, for 7 and 12 rows, batches larger than the buffer
+        batch = {"o": rng.standard_normal((rows, 2, 3), dtype=np.float32), "a": rng.integers(0, 9, rows),
+                 "d": rng.random(rows) < 0.5, "k": rng.integers(0, 255, (rows, 1), dtype=np.uint8)}
+        np.testing.assert_array_equal(fast.extend(**batch), slow.extend(**batch))
+        np.testing.assert_array_equal(fast._storage.rows, slow._storage.rows)
+    for other in ({"a": np.arange(rows + 1)}, {"o": batch["o"].tolist()}, {"a": batch["a"].tolist()},
+                  {"d": np.ma.masked_array(batch["d"])}, {"o": batch["o"][:, :1]}):
+        mixed = {**batch, **other}
+        assert _outcome(fast.extend, **mixed) == _outcome(slow.extend, **mixed)
+        np.testing.assert_array_equal(fast._storage.rows, slow._storage.rows)

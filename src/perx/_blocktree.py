@@ -183,6 +183,29 @@ def propagate(heap, mass, nblocks, g, slots, count):
 
 
 @njit(cache=True, nogil=True)
+def propagate_one(heap, mass, nblocks, g, slot):
+    """:func:`propagate` of the single slot ``slot``: its block, then the path to the root, with the same
+    operations (so bit-identical) and no arrays allocated."""
+    j = slot // g
+    k = nblocks + j
+    heap[k, 0] = pair_sum(mass, j * g, g)
+    m = block_min(mass, j * g, g)
+    changed = m != heap[k, 1]
+    heap[k, 1] = m
+    while k > 1:
+        p = k >> 1
+        c = 2 * p
+        heap[p, 0] = heap[c, 0] + heap[c + 1, 0]
+        if changed:
+            a = heap[c, 1]
+            b = heap[c + 1, 1]
+            m = a if a <= b else b
+            changed = m != heap[p, 1]
+            heap[p, 1] = m
+        k = p
+
+
+@njit(cache=True, nogil=True)
 def rebuild(heap, mass, nblocks, g):
     """Every block and every internal node from the masses; O(L)."""
     for j in range(nblocks):

@@ -199,6 +199,11 @@ class ReplayBuffer:
                 not fit; for episodic buffers also a bad stream id or a step that does not continue its
                 stream's episode. Nothing is stored then.
         """
+        if stream is None and self._episodes is None:
+            i = self._storage.write_one(transition)
+            if i is not None:  # the common case: values that need no conversion check
+                self.sampler.on_add_one(i % self._storage.capacity, i)
+                return np.array([i], np.int64)
         return self._write(transition, stream, batched=False)
 
     def extend(self, *, stream: Any = None, **transitions: Any) -> np.ndarray:

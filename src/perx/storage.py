@@ -139,6 +139,7 @@ class Storage:
         self._castable: dict[str, dict[np.dtype, int]] = {}
         #: True when the first add/extend chose the dtypes (used to explain a later cast error).
         self.inferred = False
+        self._one: _OneRow | None = None
         if spec is not None:
             self._allocate(_parse_spec(spec))
 
@@ -151,7 +152,7 @@ class Storage:
     # from the original cannot be refilled by the copy (``sample(out=...)``).
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        for derived in ("_rows64", "_flat", "_layout"):
+        for derived in ("_rows64", "_flat", "_layout", "_one"):
             state.pop(derived, None)
         if self.spec is not None:
             state["data"] = {n: a for n, a in self.data.items() if n not in self._layout.offset}
@@ -159,11 +160,13 @@ class Storage:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._one = None
         if self.spec is not None:
             self._layout = _RowLayout(self.spec)
             self._rows64 = self.rows.view(np.uint64)
             self._flat = _flat_views(self.spec, self._layout, self.rows)
             self.data = self._views(self.spec, self._layout, self.rows, self.data)
+            self._one = _OneRow.build(self.spec, self._layout, self.rows)
 
     def _views(self, spec: dict, layout: _RowLayout, rows: np.ndarray, apart: dict) -> dict[str, np.ndarray]:
         """The field arrays in spec order: views into ``rows``, or the arrays kept apart."""
@@ -206,6 +209,7 @@ class Storage:
         self._rows64 = rows.view(np.uint64)
         self._flat = _flat_views(spec, layout, rows)
         self._layout = layout
+        self._one = _OneRow.build(spec, layout, rows)
         # Source dtypes already known to cast into each field, with the value check each needs
         # (np.can_cast costs ~0.4 us, so the rule is worked out once per source dtype).
         self._castable = {name: {f.dtype: _SAFE} for name, f in spec.items()}
@@ -229,6 +233,42 @@ class Storage:
             raise ValueError("fields: a transition needs at least one field, got none")
         return spec
 
+    def write_one(self, fields: Mapping) -> int | None:
+        """Store one transition whose values need no conversion; return its id, or None (nothing written)
+        when any value needs the general path (``prepare`` + ``write``), which then gives the same result
+        or the same error.
+
+        The fast path of ``ReplayBuffer.add``: the values' types are looked up as one tuple among the type
+        combinations already worked out (``_OneRow.learn``), the arrays' dtypes and shapes and the narrowing
+        scalars' ranges are checked, then the row is written with one structured assignment. ~1 us instead
+        of ~3.5 for ``prepare`` + ``write``.
+        """
+        one = self._one
+        if one is None or len(fields) != one.count:
+            return None
+        try:
+            values = one.pick(fields)
+        except KeyError:  # a missing field (with the count equal, also an unexpected one)
+            return None
+        kinds = tuple(map(type, values))
+        checks = one.known.get(kinds)
+        if checks is None:
+            checks = one.learn(kinds)
+        if checks is False:
+            return None
+        arrays, bounded = checks
+        for k, dtype, shape in arrays:
+            v = values[k]
+            if v.dtype is not dtype or v.shape != shape:
+                return None
+        for k, lo, hi in bounded:
+            if not lo <= values[k] <= hi:
+                return None  # may not fit (NaN too: the general path accepts it)
+        i = self.next_id
+        one.rows[i % self.capacity] = values
+        self.next_id = i + 1
+        return i
+
     def prepare(self, fields: Mapping, *, batched: bool) -> tuple[dict[str, np.ndarray], int, dict | None]:
         """Validate and convert one transition (``batched=False``) or a batch; changes nothing.
 
@@ -239,6 +279,11 @@ class Storage:
             ValueError: missing or extra fields, wrong shapes, batch lengths that differ.
             TypeError: a value whose dtype cannot be cast to the field's dtype under ``same_kind``.
         """
+        one = self._one
+        if batched and one is not None and len(fields) == one.count:
+            ready = one.exact_batch(fields)
+            if ready is not None:  # the common case: arrays of the fields' own dtypes, nothing to convert
+                return ready[0], ready[1], None
         spec = self.spec
         new_spec = None
         if spec is None:
@@ -337,8 +382,8 @@ class Storage:
                     dst[: kept - head] = src[head:]
         self.next_id = start + rows
         ids = np.arange(start, start + rows, dtype=np.int64)
-        if head == kept:  # no wrap: the slots are consecutive (a subtraction is ~4x cheaper than a modulo)
-            return ids, ids[skip:] - (start + skip - first)
+        if head == kept:  # no wrap: the slots are consecutive (an arange is ~6x cheaper than a modulo)
+            return ids, np.arange(first, first + kept, dtype=np.int64)
         return ids, ids[skip:] % cap
 
     def gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
@@ -384,6 +429,108 @@ _KERNEL_GATHER_MIN = 16
 _KERNEL_GATHER_MAX_ROW = 512
 #: Largest batch record (bytes) of the compiled gather.
 _KERNEL_GATHER_MAX_BYTES = 2**30
+
+
+# Scalar types a single add may take without the general path, and the dtype ``np.asarray`` gives each.
+_FAST_SCALARS = {bool: np.dtype(np.bool_), int: np.dtype(np.int64), float: np.dtype(np.float64)}
+for _t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+           np.float16, np.float32, np.float64):
+    _FAST_SCALARS[_t] = np.dtype(_t)
+
+
+def _accepted_scalars(dtype: np.dtype) -> dict[type, tuple | None]:
+    """For a field of shape () and ``dtype``: scalar type -> None (stored as is under ``prepare``'s rules) or
+    (lo, hi), the closed range of values whose narrowing cast ``prepare`` accepts unchanged. A type missing
+    here takes the general path (refused, or a check this table does not express)."""
+    accept: dict[type, tuple | None] = {}
+    for kind, src in _FAST_SCALARS.items():
+        rule = _cast_rule(src, dtype)
+        if rule is None or dtype.kind not in "biuf":
+            continue
+        if kind is int:  # np.asarray(int) is int64 only inside int64's range
+            info = np.iinfo(np.int64)
+            lo, hi = info.min, info.max
+            if dtype.kind in "iu":
+                lo, hi = max(lo, int(np.iinfo(dtype).min)), min(hi, int(np.iinfo(dtype).max))
+            elif dtype.kind == "f" and rule == _FLOAT_RANGE:
+                top = float(np.finfo(dtype).max)
+                lo, hi = max(lo, -int(top)), min(hi, int(top))
+            accept[kind] = (lo, hi)
+        elif rule == _SAFE:
+            accept[kind] = None
+        elif rule == _INT_RANGE:
+            info = np.iinfo(dtype)
+            accept[kind] = (int(info.min), int(info.max))
+        elif rule == _FLOAT_RANGE and src.kind in "iuf":
+            # a value within +-max stays finite; NaN and infinities fail the comparison and take the general
+            # path, which accepts them
+            top = float(np.finfo(dtype).max)
+            accept[kind] = (-top, top)
+    return accept
+
+
+class _OneRow:
+    """What ``Storage.write_one`` needs: the rows as one structured record per transition, and per
+    combination of value types seen, the checks left (or False: that combination takes the general path)."""
+
+    def __init__(self, spec: dict[str, FieldSpec], layout: _RowLayout, rows: np.ndarray) -> None:
+        record = np.dtype({"names": layout.names, "offsets": [layout.offset[n] for n in layout.names],
+                           "formats": [(spec[n].dtype, spec[n].shape) for n in layout.names],
+                           "itemsize": layout.row_bytes})
+        self.rows = rows.view(record).reshape(len(rows))
+        self.count = len(spec)
+        names = self.names = list(spec)
+        self.all_arrays = (np.ndarray,) * len(names)
+        self.dtypes = tuple(f.dtype for f in spec.values())
+        #: rows -> the shape of each field's batch of that many rows
+        self.batch_shapes: dict[int, tuple] = {}
+        # the values in spec order, as a tuple, in one C-level call
+        self.pick = operator.itemgetter(*names) if len(names) > 1 else (lambda f, n=names[0]: (f[n],))
+        self.fields = [(f.dtype, f.shape, _accepted_scalars(f.dtype) if f.shape == () else {})
+                       for f in spec.values()]
+        #: tuple of value types -> (array checks [(position, dtype, shape)], range checks [(position, lo, hi)])
+        self.known: dict[tuple, tuple | bool] = {}
+
+    def exact_batch(self, fields: Mapping) -> tuple[Mapping, int] | None:
+        """For ``Storage.prepare`` of a batch: (``fields`` itself, rows) if every value is an array of
+        its field's dtype with shape [rows, *field shape] (all accepted as they are), else None."""
+        try:
+            values = self.pick(fields)
+        except KeyError:
+            return None
+        if tuple(map(type, values)) != self.all_arrays or values[0].ndim == 0:
+            return None
+        rows = values[0].shape[0]
+        shapes = self.batch_shapes.get(rows)
+        if shapes is None:
+            if len(self.batch_shapes) >= 64:
+                self.batch_shapes.clear()
+            shapes = self.batch_shapes[rows] = tuple((rows, *f[1]) for f in self.fields)
+        for v, dtype, shape in zip(values, self.dtypes, shapes, strict=True):
+            if v.dtype is not dtype or v.shape != shape:
+                return None
+        return fields, rows
+
+    @staticmethod
+    def build(spec: dict[str, FieldSpec], layout: _RowLayout, rows: np.ndarray) -> _OneRow | None:
+        return None if layout.loose else _OneRow(spec, layout, rows)  # a field kept apart: the general path
+
+    def learn(self, kinds: tuple) -> tuple | bool:
+        """Work out (and remember) the checks for one combination of value types."""
+        arrays, bounded = [], []
+        checks: tuple | bool = (arrays, bounded)
+        for k, (kind, (dtype, shape, accept)) in enumerate(zip(kinds, self.fields, strict=True)):
+            if kind is np.ndarray:
+                arrays.append((k, dtype, shape))
+            elif kind not in accept:
+                checks = False
+                break
+            elif accept[kind] is not None:
+                bounded.append((k, *accept[kind]))
+        if len(self.known) >= 64:  # callers that vary their types endlessly: keep the table small
+            self.known.clear()
+        self.known[kinds] = checks
+        return checks
 
 
 def _flat_views(spec: dict[str, FieldSpec], layout: _RowLayout, rows: np.ndarray) -> dict[str, tuple]:

@@ -146,3 +146,39 @@ def test_refused_update_leaves_the_max_priority_alone():
         buf.update_priorities([0, 1], [100.0, np.nan])
     assert_same(before, snapshot(buf))
     assert buf.sampler.max_priority == 1.0
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"alpha": 0.0}, {"max_priority": "buffer"}, {"alpha": 1.0, "eps": 0.0}])
+def test_single_adds_leave_every_tree_bit_identical_to_one_row_extends(kwargs):
+    # add() takes the scalar kernel (_add_one, propagate_one); extend() of one row the batched one
+    rng = np.random.default_rng(3)
+    one, batched = (perx.ReplayBuffer(37, perx.Proportional(**kwargs), seed=0) for _ in range(2))
+    for step in range(300):
+        assert one.add(x=float(step)).tolist() == batched.extend(x=[float(step)]).tolist()
+        if step % 7 == 3:  # new maxima, zero priorities (the min tree's empty leaves) and ordinary ones
+            ids = rng.integers(max(0, step - 36), step + 1, 5)
+            values = rng.choice([0.0, 0.3, 2.5, 40.0 + step], 5)
+            for buf in (one, batched):
+                buf.set_priorities(ids, values)
+        a, b = one.sampler, batched.sampler
+        for name in ("_heap", "_mass", "_priority", "_state"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name, strict=True)
+        np.testing.assert_array_equal(a.max_tree.nodes, b.max_tree.nodes)
+
+
+def test_a_redefined_on_add_sees_single_adds_whether_set_on_the_class_or_on_the_instance():
+    seen = []
+
+    class Logged(perx.Proportional):
+        def on_add(self, slots, ids):
+            seen.append(ids.tolist())
+            super().on_add(slots, ids)
+
+    buf = perx.ReplayBuffer(8, Logged(), seed=0)
+    buf.add(x=1.0)
+    buf.extend(x=[2.0, 3.0])
+    plain = perx.ReplayBuffer(8, perx.Uniform(), seed=0)
+    plain.sampler.on_add = lambda slots, ids: seen.append(-ids)
+    plain.add(x=1.0)
+    assert seen[:2] == [[0], [1, 2]] and seen[2].tolist() == [0]
+    assert perx.Proportional.on_add_one is not Logged.on_add_one

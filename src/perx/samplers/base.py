@@ -87,9 +87,12 @@ class Sampler:
         # A class whose sample() comes from further down its MRO than its sample_gather() (a subclass or a mixin
         # redefining how it samples) must not be bypassed by the inherited fused path.
         mro = cls.__mro__
-        owner = {name: next(i for i, c in enumerate(mro) if name in c.__dict__) for name in ("sample", "sample_gather")}
+        owner = {name: next(i for i, c in enumerate(mro) if name in c.__dict__)
+                 for name in ("sample", "sample_gather", "on_add", "on_add_one")}
         if owner["sample"] < owner["sample_gather"]:
             cls.fuses_gather = False
+        if owner["on_add"] < owner["on_add_one"]:  # likewise, single adds must reach a redefined on_add
+            cls.on_add_one = Sampler.on_add_one
         if "name" in cls.__dict__:  # concrete samplers name themselves; shared bases do not
             Sampler.registry[cls.name] = cls
 
@@ -130,6 +133,17 @@ class Sampler:
     # -- the hot path --------------------------------------------------------------------------
     def on_add(self, slots: np.ndarray, ids: np.ndarray) -> None:
         """New transitions with insertion ``ids`` were written to ``slots`` (int64 [n], distinct)."""
+
+    def on_add_one(self, slot: int, id: int) -> None:
+        """As :meth:`on_add` for one transition (``ReplayBuffer.add``); override where a scalar call is cheaper
+        than two one-element arrays. A class or instance that redefines ``on_add`` gets this generic one back,
+        so its ``on_add`` sees every add."""
+        self.on_add(np.array([slot], np.int64), np.array([id], np.int64))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "on_add":  # an on_add set on the instance (a wrapper, a mock) must see single adds too
+            object.__setattr__(self, "on_add_one", Sampler.on_add_one.__get__(self))
+        object.__setattr__(self, name, value)
 
     def sample(self, batch_size: int, beta: float, size: int, next_id: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

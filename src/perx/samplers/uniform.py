@@ -38,6 +38,9 @@ class Uniform(Sampler):
 
     name = "Uniform"
 
+    def on_add_one(self, slot, id):
+        pass  # nothing to record, as in on_add
+
     def sample(self, batch_size, beta, size, next_id):
         slots = self._rng.integers(0, size, batch_size)
         return _finish(slots, size, next_id, self.capacity)
