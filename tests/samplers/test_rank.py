@@ -253,3 +253,23 @@ def test_fixed_segments_with_single_draws_follow_the_segment_probabilities():
     assert stats.chi2.sf(stat, df=n - 1) > P_MIN
     # and not uniform: a batch of one with k = batch size would have been
     assert stats.chi2.sf(((counts - draws / n) ** 2 / (draws / n)).sum(), df=n - 1) < 1e-12
+
+
+@pytest.mark.parametrize("make", [lambda: perx.RankBased(alpha=0.7), lambda: perx.RankBased(alpha=0.7, exact=True),
+                                  lambda: perx.Greedy()])
+def test_single_adds_leave_the_heap_as_one_row_extends_leave_it(make):
+    # add() takes the scalar kernel (heap_add_one), extend() of one row the batched heap_add
+    rng = np.random.default_rng(5)
+    one, batched = (perx.ReplayBuffer(23, make(), seed=0) for _ in range(2))
+    for step in range(200):
+        assert one.add(x=float(step)).tolist() == batched.extend(x=[float(step)]).tolist()
+        if step % 5 == 2:
+            ids = rng.integers(max(0, step - 22), step + 1, 4)
+            values = rng.choice([0.0, 0.5, 3.0, float(step)], 4)
+            for buf in (one, batched):
+                buf.update_priorities(ids, values)
+        for name in ("_keys", "_ids", "_pos", "_state"):
+            np.testing.assert_array_equal(getattr(one.sampler, name), getattr(batched.sampler, name),
+                                          err_msg=name, strict=True)
+        k = min(3, len(one))
+        np.testing.assert_array_equal(one.sample(k).indices, batched.sample(k).indices)

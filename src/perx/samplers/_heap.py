@@ -86,6 +86,21 @@ def heap_add(keys, ids, pos, state, slots, new_ids, capacity):
 
 
 @njit(cache=True, nogil=True)
+def heap_add_one(keys, ids, pos, state, slot, new_id, capacity):
+    """:func:`heap_add` of one transition, from scalars (``ReplayBuffer.add``); the same steps."""
+    size = state[0]
+    h = pos[slot]
+    if h < 0:
+        h = size
+        size += 1
+    keys[h] = np.inf
+    ids[h] = new_id
+    pos[slot] = h
+    sift(keys, ids, pos, h, size, capacity)
+    state[0] = size
+
+
+@njit(cache=True, nogil=True)
 def heap_update(keys, ids, pos, state, update_ids, values, next_id, capacity, raw):
     """Validate all, then set key |delta| (or the raw priority) for each live id; returns the count
     applied, or -1 (bad value) / -2 (id never issued) with nothing changed."""

@@ -238,6 +238,12 @@ class RankBased(_HeapSampler):
             return
         _exact_add(self._keys, self._ids, self._pos, self._state, slots, ids, *self._order.arrays)
 
+    def on_add_one(self, slot, id):
+        if self.exact:
+            super().on_add_one(slot, id)
+            return
+        _heap.heap_add_one(self._keys, self._ids, self._pos, self._state, slot, id, self.capacity)
+
     def update(self, ids, values, next_id, *, raw):
         if not self.exact:
             count = _heap.heap_update(self._keys, self._ids, self._pos, self._state, ids, values, next_id,
@@ -417,6 +423,9 @@ class Greedy(_HeapSampler):
 
     def on_add(self, slots, ids):
         _heap.heap_add(self._keys, self._ids, self._pos, self._state, slots, ids, self.capacity)
+
+    def on_add_one(self, slot, id):
+        _heap.heap_add_one(self._keys, self._ids, self._pos, self._state, slot, id, self.capacity)
 
     def update(self, ids, values, next_id, *, raw):
         count = _heap.heap_update(self._keys, self._ids, self._pos, self._state, ids, values, next_id,
