@@ -470,8 +470,9 @@ def _accepted_scalars(dtype: np.dtype) -> dict[type, tuple | None]:
 
 
 class _OneRow:
-    """What ``Storage.write_one`` needs: the rows as one structured record per transition, and per
-    combination of value types seen, the checks left (or False: that combination takes the general path)."""
+    """The fast paths of a single add (``Storage.write_one``) and of an extend of exact arrays (``exact_batch``):
+    the rows as one structured record per transition, the fields' dtypes and shapes, and per combination of
+    value types seen, the checks left (or False: that combination takes the general path)."""
 
     def __init__(self, spec: dict[str, FieldSpec], layout: _RowLayout, rows: np.ndarray) -> None:
         record = np.dtype({"names": layout.names, "offsets": [layout.offset[n] for n in layout.names],
