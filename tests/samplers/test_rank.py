@@ -214,6 +214,25 @@ def test_greedy_returns_the_true_top_k_with_deterministic_ties():
         np.testing.assert_array_equal(buf.sample(k).indices, expected)
 
 
+@pytest.mark.parametrize("size", [1, 2, 3, 8, 9, 255, 1000])
+def test_top_k_walks_the_heap_in_exact_key_then_id_order(size):
+    """top_k against a full sort of (key descending, id ascending), on heaps with ties (+inf included)
+    built by the same adds and updates the samplers make; every k from 1 to size for small heaps."""
+    rng = np.random.default_rng(size)
+    capacity = size
+    keys, ids = np.zeros(capacity), np.zeros(capacity, np.int64)
+    pos, state = np.full(capacity, -1, np.int64), np.zeros(2, np.int64)
+    new = np.arange(size, dtype=np.int64)
+    _heap.heap_add(keys, ids, pos, state, new % capacity, new, capacity)
+    touched = rng.choice(size, size - size // 4, replace=False)  # a quarter stay at +inf
+    _heap.heap_update(keys, ids, pos, state, touched, np.round(rng.exponential(1.0, len(touched)), 1),
+                      size, capacity, False)
+    order = np.lexsort((ids[:size], -keys[:size]))
+    for k in (range(1, size + 1) if size <= 255 else (1, 2, 100, 513, size)):
+        top = _heap.top_k(keys, ids, size, k)
+        np.testing.assert_array_equal(top, order[:k])
+
+
 def test_greedy_replays_every_new_transition_before_any_twice():
     buf = perx.ReplayBuffer(10, perx.Greedy())
     buf.extend(**transitions(10))
