@@ -453,10 +453,14 @@ def _check_invariants(buf):
         # numpy's pow may differ from the compiled kernels' in the last bit
         np.testing.assert_allclose(sampler.masses[:n], sampler.priorities(np.arange(n)) ** sampler.alpha,
                                    rtol=1e-15)
-    if isinstance(sampler, (perx.RankBased, perx.Greedy)) and not getattr(sampler, "exact", False):
+    if isinstance(sampler, perx.RankBased) and not sampler.exact:
         from perx.samplers import _heap
         assert _heap.is_heap(sampler._keys, sampler._ids, sampler._pos, n, buf.capacity)
         assert set(sampler._ids[:n].tolist()) == set(live.tolist())
+    if isinstance(sampler, perx.Greedy):
+        from perx.samplers import _greedy
+        _greedy.check(*sampler._arrays(), sampler._pid, sampler._pstamp, buf.capacity)
+        assert set(sampler.state_dict()[1]["ids"][:n].tolist()) == set(live.tolist())
 
 
 @pytest.mark.parametrize("name", ["uniform", "proportional", "proportional-buffermax", "rank", "greedy",

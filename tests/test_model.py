@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import perx
-from perx.samplers import _heap
+from perx.samplers import _greedy, _heap
 from perx.samplers.rank import segment_probabilities
 from tests.conftest import SAMPLERS
 
@@ -125,6 +125,8 @@ def check_state(buf, model, s=None):
         if getattr(s, "exact", False):
             true_rank = {i: r for r, i in enumerate(model.order())}
             np.testing.assert_array_equal(s.ranks(slots), [true_rank[i] for i in ids.tolist()])
+        elif model.kind == "Greedy":
+            _greedy.check(*s._arrays(), s._pid, s._pstamp, buf.capacity)
         else:
             assert _heap.is_heap(s._keys, s._ids, s._pos, len(buf), buf.capacity)
 

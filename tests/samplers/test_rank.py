@@ -233,6 +233,51 @@ def test_top_k_walks_the_heap_in_exact_key_then_id_order(size):
         np.testing.assert_array_equal(top, order[:k])
 
 
+def test_greedy_matches_a_sorted_list_through_compactions_pending_batches_and_reloads(tmp_path):
+    """Greedy against a dict of the live keys, top k by (key descending, id ascending): a small capacity so
+    the heap array fills and compacts often; samples left without an update (pending entries pushed back),
+    updates of pending, stale and repeated ids, overwrites of pending transitions, reloads mid-run."""
+    from perx.samplers import _greedy
+    cap = 17
+    rng = np.random.default_rng(11)
+    buf = perx.ReplayBuffer(cap, perx.Greedy())
+    live: dict[int, float] = {}
+    compactions = applied = 0
+    for step in range(3000):
+        op = rng.integers(0, 6)
+        if op == 0 or len(live) == 0:
+            start = buf.next_index
+            rows = int(rng.integers(1, 6))
+            buf.extend(x=np.arange(start, start + rows, dtype=float))
+            live.update({i: np.inf for i in range(start, start + rows)})
+            live = {i: k for i, k in live.items() if i >= buf.next_index - cap}
+        elif op in (1, 2):
+            ids = rng.integers(max(0, buf.next_index - cap - 3), buf.next_index, int(rng.integers(1, 9)))
+            values = np.round(rng.exponential(1.0, len(ids)), 1)  # ties, and ids repeated in a batch
+            before = int(buf.sampler._meta[_greedy.HEAP])
+            applied += buf.update_priorities(ids, values)
+            compactions += int(buf.sampler._meta[_greedy.HEAP]) < before
+            for i, v in zip(ids.tolist(), values.tolist(), strict=True):
+                if i in live:
+                    live[i] = v
+        else:
+            k = int(rng.integers(1, len(live) + 1))
+            expected = sorted(live, key=lambda i: (-live[i], i))[:k]
+            got = buf.sample(k).indices
+            np.testing.assert_array_equal(got, expected, err_msg=f"step {step}")
+            if op == 3:  # the sampled ones get new errors; otherwise they stay pending
+                values = np.round(rng.exponential(1.0, k), 1)
+                applied += buf.update_priorities(got, values)
+                live.update(zip(got.tolist(), values.tolist(), strict=True))
+        if step % 250 == 249:
+            buf.save(tmp_path / "greedy.npz")
+            buf = perx.ReplayBuffer.load(tmp_path / "greedy.npz")
+        _greedy.check(*buf.sampler._arrays(), buf.sampler._pid, buf.sampler._pstamp, cap)
+        np.testing.assert_array_equal(buf.sampler.keys(np.array(sorted(live)) % cap), [live[i] for i in sorted(live)])
+    assert compactions > 20
+    assert buf.sampler.state_dict()[1]["state"][1] == applied  # saved as the heap samplers save it
+
+
 def test_greedy_replays_every_new_transition_before_any_twice():
     buf = perx.ReplayBuffer(10, perx.Greedy())
     buf.extend(**transitions(10))
@@ -287,7 +332,9 @@ def test_single_adds_leave_the_heap_as_one_row_extends_leave_it(make):
             values = rng.choice([0.0, 0.5, 3.0, float(step)], 4)
             for buf in (one, batched):
                 buf.update_priorities(ids, values)
-        for name in ("_keys", "_ids", "_pos", "_state"):
+        names = (("_hkey", "_hid", "_hstamp", "_cur", "_key", "_meta") if isinstance(one.sampler, perx.Greedy)
+                 else ("_keys", "_ids", "_pos", "_state"))
+        for name in names:
             np.testing.assert_array_equal(getattr(one.sampler, name), getattr(batched.sampler, name),
                                           err_msg=name, strict=True)
         k = min(3, len(one))

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from perx._validation import check_bool, check_choice, check_optional_positive_int, check_real
-from perx.samplers import _heap, _ordered
+from perx.samplers import _greedy, _heap, _ordered
 from perx.samplers.base import Sampler, check_int, check_update, raise_bad_update
 
 #: Reuse cached segment boundaries while N <= N_ref * (1 + SEGMENT_REUSE).
@@ -410,35 +410,63 @@ def _exact_update(keys, update_ids, values, next_id, capacity, raw, bkeys, bids,
     return code
 
 
-class Greedy(_HeapSampler):
+class Greedy(Sampler):
     """Greedy TD-error prioritization (000 Sec. 3.2): ``sample(k)`` returns the k transitions with the
     largest stored |delta|, ties broken by insertion order (older first); weights 1.
 
-    A binary max-heap gives the maximum in O(1), the top k in O(k log k) and an update in O(log N).
+    A binary max-heap without a position map (:mod:`perx.samplers._greedy`): an update pushes a new entry
+    (O(1) expected for a random key) and leaves the old one stale, ``sample(k)`` pops until k live entries
+    came out (O(k log N)), stale entries drop out as they surface. What it returns depends only on the
+    stored keys and ids, so this gives the same batches as a heap with a position map (``RankBased``'s),
+    without the position writes that are half of such a heap's update. Memory: 43 bytes per transition
+    (a heap array of capacity * 9/8 entries of 24 bytes, the slots' stamps and keys).
     New transitions enter at +inf, so every transition is replayed at least once before any
     transition is replayed twice. ``batch.probabilities`` are 1: the choice is deterministic.
     """
 
     name = "Greedy"
 
+    def _allocate(self, capacity):
+        entries = capacity + capacity // 8 + 2  # a ninth of it stale at most between compactions
+        self._hkey = np.zeros(entries)
+        self._hid = np.zeros(entries, np.int64)
+        self._hstamp = np.zeros(entries, np.int64)
+        self._cur = np.zeros(capacity, np.int64)
+        self._key = np.zeros(capacity)
+        self._meta = np.zeros(5, np.int64)
+        self._pid = np.zeros(0, np.int64)
+        self._pstamp = np.zeros(0, np.int64)
+
+    def _arrays(self):
+        return self._hkey, self._hid, self._hstamp, self._cur, self._key, self._meta
+
     def on_add(self, slots, ids):
-        _heap.heap_add(self._keys, self._ids, self._pos, self._state, slots, ids, self.capacity)
+        _greedy.add(*self._arrays(), slots, ids, self.capacity)
 
     def on_add_one(self, slot, id):
-        _heap.heap_add_one(self._keys, self._ids, self._pos, self._state, slot, id, self.capacity)
+        _greedy.add_one(*self._arrays(), slot, id, self.capacity)
 
     def update(self, ids, values, next_id, *, raw):
-        count = _heap.heap_update(self._keys, self._ids, self._pos, self._state, ids, values, next_id,
-                                  self.capacity, raw)
+        count = _greedy.update(*self._arrays(), ids, values, next_id, self.capacity, raw)
         if count < 0:
             raise_bad_update(count, ids, values, next_id, raw)
         return count
+
+    def _top(self, k: int) -> np.ndarray:
+        if len(self._pid) < k:  # room for k pending entries; the current ones are kept
+            grown = max(k, 2 * len(self._pid), 64)
+            pending = int(self._meta[_greedy.PENDING])
+            self._pid = np.concatenate((self._pid[:pending], np.zeros(grown - pending, np.int64)))
+            self._pstamp = np.concatenate((self._pstamp[:pending], np.zeros(grown - pending, np.int64)))
+        out = np.empty(k, np.int64)
+        _greedy.top(*self._arrays(), self._pid, self._pstamp, self.capacity, k, out)
+        return out
 
     def sample(self, batch_size, beta, size, next_id):
         if batch_size > size:
             raise ValueError(f"batch_size: Greedy returns distinct transitions, so batch_size must be "
                              f"<= {size} (the number stored), got {batch_size}")
-        ids = self._ids[_heap.top_k(self._keys, self._ids, size, batch_size)]
+        ids = self._top(batch_size)
         return ids % self.capacity, ids, np.ones(batch_size), np.ones(batch_size)
 
     def sample_distinct(self, batch_size, beta, size, next_id):
@@ -447,8 +475,46 @@ class Greedy(_HeapSampler):
     def probabilities(self, slots, size, batch_size=None):
         """1 for transitions that ``sample(batch_size)`` returns (default 1: the maximum), else 0."""
         k = min(1 if batch_size is None else batch_size, size)
-        top = self._ids[_heap.top_k(self._keys, self._ids, size, k)] % self.capacity
-        return np.isin(slots, top).astype(np.float64)
+        return np.isin(slots, self._top(k) % self.capacity).astype(np.float64)
 
     def keys(self, slots: np.ndarray) -> np.ndarray:
-        return self._keys[self._pos[slots]]
+        """Stored |delta| (+inf for not yet replayed) of the transitions in ``slots``."""
+        return self._key[slots]
+
+    # -- state -----------------------------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (*self._arrays(), self._pid, self._pstamp))
+
+    def state_dict(self):
+        """The live (key, id) pairs as RankBased's heap arrays hold them, sorted (a sorted array is a valid
+        heap): ``keys``/``ids`` by position, ``pos`` by slot, ``state`` = [size, updates applied]."""
+        meta, arrays = super().state_dict()
+        cap = self.capacity
+        keys, ids = _greedy.live_entries(*self._arrays(), self._pid, self._pstamp, cap)
+        if len(keys) != self._meta[_greedy.LIVE]:
+            raise AssertionError("Greedy: the heap lost a live transition")  # cannot happen; never save it
+        order = np.lexsort((ids, -keys))
+        n = len(order)
+        saved_keys, saved_ids = np.zeros(cap), np.zeros(cap, np.int64)
+        saved_keys[:n], saved_ids[:n] = keys[order], ids[order]
+        pos = np.full(cap, -1, np.int64)
+        pos[saved_ids[:n] % cap] = np.arange(n)
+        arrays.update(keys=saved_keys, ids=saved_ids, pos=pos,
+                      state=np.array([n, self._meta[_greedy.UPDATES]], np.int64))
+        return meta, arrays
+
+    def load_state_dict(self, meta, arrays, *, size, next_id):
+        super().load_state_dict(meta, arrays, size=size, next_id=next_id)
+        keys, ids, pos, state = (arrays[name] for name in ("keys", "ids", "pos", "state"))
+        if state[0] != size:
+            raise ValueError(f"state: the heap holds {state[0]} entries but the buffer {size} transitions")
+        check_int(state[1], "state[1] (priority updates applied)", 0, np.iinfo(np.int64).max)
+        _heap.check_heap(keys, ids, pos, size, next_id, self.capacity)
+        # valid: a binary heap in the same order, so its first `size` entries are this heap's entries
+        self._allocate(self.capacity)
+        slots = ids[:size] % self.capacity
+        stamps = np.arange(1, size + 1, dtype=np.int64)
+        self._hkey[:size], self._hid[:size], self._hstamp[:size] = keys[:size], ids[:size], stamps
+        self._cur[slots], self._key[slots] = stamps, keys[:size]
+        self._meta[:] = (size, size, size, 0, state[1])
