@@ -30,37 +30,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from perx.samplers._heap import rise_entry, sink_entry
 from perx.samplers.base import check_update
 
 HEAP, STAMP, LIVE, PENDING, UPDATES = range(5)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _before(ka, ia, kb, ib):
-    return ka > kb or (ka == kb and ia < ib)
-
-
-@njit(cache=True, nogil=True)
-def _sink(hkey, hid, hstamp, h, size):
-    """Move the entry at h down to its place (held aside, written once)."""
-    key = hkey[h]
-    iid = hid[h]
-    stamp = hstamp[h]
-    while True:
-        child = 2 * h + 1
-        if child >= size:
-            break
-        if child + 1 < size and _before(hkey[child + 1], hid[child + 1], hkey[child], hid[child]):
-            child += 1
-        if not _before(hkey[child], hid[child], key, iid):
-            break
-        hkey[h] = hkey[child]
-        hid[h] = hid[child]
-        hstamp[h] = hstamp[child]
-        h = child
-    hkey[h] = key
-    hid[h] = iid
-    hstamp[h] = stamp
 
 
 @njit(cache=True, nogil=True)
@@ -74,7 +47,7 @@ def _compact(hkey, hid, hstamp, cur, meta, capacity):
             hstamp[n] = hstamp[h]
             n += 1
     for h in range(n // 2 - 1, -1, -1):
-        _sink(hkey, hid, hstamp, h, n)
+        sink_entry(hkey, hid, hstamp, h, n)
     meta[HEAP] = n
 
 
@@ -85,17 +58,10 @@ def _push(hkey, hid, hstamp, cur, meta, capacity, key, iid, stamp):
         _compact(hkey, hid, hstamp, cur, meta, capacity)
     h = meta[HEAP]
     meta[HEAP] = h + 1
-    while h > 0:
-        parent = (h - 1) >> 1
-        if not _before(key, iid, hkey[parent], hid[parent]):
-            break
-        hkey[h] = hkey[parent]
-        hid[h] = hid[parent]
-        hstamp[h] = hstamp[parent]
-        h = parent
     hkey[h] = key
     hid[h] = iid
     hstamp[h] = stamp
+    rise_entry(hkey, hid, hstamp, h)
 
 
 @njit(cache=True, nogil=True)
@@ -169,7 +135,7 @@ def top(hkey, hid, hstamp, cur, key, meta, pid, pstamp, capacity, k, out):
         hkey[0] = hkey[size]
         hid[0] = hid[size]
         hstamp[0] = hstamp[size]
-        _sink(hkey, hid, hstamp, 0, size)
+        sink_entry(hkey, hid, hstamp, 0, size)
         if cur[i % capacity] == stamp:
             out[t] = i
             pid[t] = i

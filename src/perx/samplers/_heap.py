@@ -124,6 +124,51 @@ def heap_update(keys, ids, pos, state, update_ids, values, next_id, capacity, ra
 
 
 @njit(cache=True, nogil=True)
+def sink_entry(hkey, hid, hpay, h, size):
+    """Move the entry (key, id, payload) at h of a heap of three parallel arrays down to its place (held
+    aside, written once). Shared by ``top_k``'s candidates and perx.Greedy's heap (``_greedy``)."""
+    key = hkey[h]
+    iid = hid[h]
+    pay = hpay[h]
+    while True:
+        child = 2 * h + 1
+        if child >= size:
+            break
+        if child + 1 < size and (hkey[child + 1] > hkey[child]
+                                 or (hkey[child + 1] == hkey[child] and hid[child + 1] < hid[child])):
+            child += 1
+        if not (hkey[child] > key or (hkey[child] == key and hid[child] < iid)):
+            break
+        hkey[h] = hkey[child]
+        hid[h] = hid[child]
+        hpay[h] = hpay[child]
+        h = child
+    hkey[h] = key
+    hid[h] = iid
+    hpay[h] = pay
+
+
+@njit(cache=True, nogil=True)
+def rise_entry(hkey, hid, hpay, h):
+    """Move the entry at h of a heap of three parallel arrays up to its place; the partner of
+    :func:`sink_entry`."""
+    key = hkey[h]
+    iid = hid[h]
+    pay = hpay[h]
+    while h > 0:
+        parent = (h - 1) >> 1
+        if not (key > hkey[parent] or (key == hkey[parent] and iid < hid[parent])):
+            break
+        hkey[h] = hkey[parent]
+        hid[h] = hid[parent]
+        hpay[h] = hpay[parent]
+        h = parent
+    hkey[h] = key
+    hid[h] = iid
+    hpay[h] = pay
+
+
+@njit(cache=True, nogil=True)
 def top_k(keys, ids, size, k):
     """Heap positions of the k first entries in heap order, best first; O(k log k).
 
@@ -146,44 +191,19 @@ def top_k(keys, ids, size, k):
     for t in range(k):
         best = cpos[0]
         out[t] = best
-        # take the best candidate: the last one fills its place and sinks (held aside, written once)
+        # take the best candidate: the last one fills its place and sinks
         n -= 1
-        lk = ckey[n]
-        li = cid[n]
-        lp = cpos[n]
-        c = 0
-        while True:
-            ch = 2 * c + 1
-            if ch >= n:
-                break
-            if ch + 1 < n and (ckey[ch + 1] > ckey[ch] or (ckey[ch + 1] == ckey[ch] and cid[ch + 1] < cid[ch])):
-                ch += 1
-            if not (ckey[ch] > lk or (ckey[ch] == lk and cid[ch] < li)):
-                break
-            ckey[c] = ckey[ch]
-            cid[c] = cid[ch]
-            cpos[c] = cpos[ch]
-            c = ch
-        ckey[c] = lk
-        cid[c] = li
-        cpos[c] = lp
+        ckey[0] = ckey[n]
+        cid[0] = cid[n]
+        cpos[0] = cpos[n]
+        sink_entry(ckey, cid, cpos, 0, n)
         # its heap children become candidates (each rises to its place)
         for kid in range(2 * best + 1, min(2 * best + 3, size)):
-            kk = keys[kid]
-            ki = ids[kid]
-            c = n
+            ckey[n] = keys[kid]
+            cid[n] = ids[kid]
+            cpos[n] = kid
+            rise_entry(ckey, cid, cpos, n)
             n += 1
-            while c > 0:
-                parent = (c - 1) >> 1
-                if not (kk > ckey[parent] or (kk == ckey[parent] and ki < cid[parent])):
-                    break
-                ckey[c] = ckey[parent]
-                cid[c] = cid[parent]
-                cpos[c] = cpos[parent]
-                c = parent
-            ckey[c] = kk
-            cid[c] = ki
-            cpos[c] = kid
     return out
 
 
