@@ -459,7 +459,7 @@ def _check_invariants(buf):
         assert set(sampler._ids[:n].tolist()) == set(live.tolist())
     if isinstance(sampler, perx.Greedy):
         from perx.samplers import _greedy
-        _greedy.check(*sampler._arrays(), sampler._pid, sampler._pstamp, buf.capacity)
+        _greedy.check(*sampler._arrays(), buf.capacity)
         assert set(sampler.state_dict()[1]["ids"][:n].tolist()) == set(live.tolist())
 
 

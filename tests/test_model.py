@@ -126,7 +126,7 @@ def check_state(buf, model, s=None):
             true_rank = {i: r for r, i in enumerate(model.order())}
             np.testing.assert_array_equal(s.ranks(slots), [true_rank[i] for i in ids.tolist()])
         elif model.kind == "Greedy":
-            _greedy.check(*s._arrays(), s._pid, s._pstamp, buf.capacity)
+            _greedy.check(*s._arrays(), buf.capacity)
         else:
             assert _heap.is_heap(s._keys, s._ids, s._pos, len(buf), buf.capacity)
 

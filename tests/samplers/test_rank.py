@@ -214,34 +214,23 @@ def test_greedy_returns_the_true_top_k_with_deterministic_ties():
         np.testing.assert_array_equal(buf.sample(k).indices, expected)
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 8, 9, 255, 1000])
-def test_top_k_walks_the_heap_in_exact_key_then_id_order(size):
-    """top_k against a full sort of (key descending, id ascending), on heaps with ties (+inf included)
-    built by the same adds and updates the samplers make; every k from 1 to size for small heaps."""
-    rng = np.random.default_rng(size)
-    capacity = size
-    keys, ids = np.zeros(capacity), np.zeros(capacity, np.int64)
-    pos, state = np.full(capacity, -1, np.int64), np.zeros(2, np.int64)
-    new = np.arange(size, dtype=np.int64)
-    _heap.heap_add(keys, ids, pos, state, new % capacity, new, capacity)
-    touched = rng.choice(size, size - size // 4, replace=False)  # a quarter stay at +inf
-    _heap.heap_update(keys, ids, pos, state, touched, np.round(rng.exponential(1.0, len(touched)), 1),
-                      size, capacity, False)
-    order = np.lexsort((ids[:size], -keys[:size]))
-    for k in (range(1, size + 1) if size <= 255 else (1, 2, 100, 513, size)):
-        top = _heap.top_k(keys, ids, size, k)
-        np.testing.assert_array_equal(top, order[:k])
-
-
-def test_greedy_matches_a_sorted_list_through_compactions_pending_batches_and_reloads(tmp_path):
+@pytest.mark.parametrize("limits", ["default", "tiny"])
+def test_greedy_matches_a_sorted_list_through_compactions_pending_batches_and_reloads(tmp_path, monkeypatch, limits):
     """Greedy against a dict of the live keys, top k by (key descending, id ascending): a small capacity so
     the heap array fills and compacts often; samples left without an update (pending entries pushed back),
-    updates of pending, stale and repeated ids, overwrites of pending transitions, reloads mid-run."""
+    updates of pending, stale and repeated ids, overwrites of pending transitions, reloads mid-run. "tiny":
+    versions of 2 bits (a forced compaction every 3 bumps, versions wrapping all the time) and tags holding
+    ids up to 40 above the base (a rebase every ~23 adds)."""
     from perx.samplers import _greedy
+    if limits == "tiny":
+        monkeypatch.setattr(_greedy, "VERSION_BITS", 2)
+        monkeypatch.setattr(_greedy, "ID_SPAN", 40)
     cap = 17
     rng = np.random.default_rng(11)
     buf = perx.ReplayBuffer(cap, perx.Greedy())
+    assert buf.sampler._meta[_greedy.VBITS] == (2 if limits == "tiny" else 24)
     live: dict[int, float] = {}
+    bases = set()
     compactions = applied = 0
     for step in range(3000):
         op = rng.integers(0, 6)
@@ -272,10 +261,48 @@ def test_greedy_matches_a_sorted_list_through_compactions_pending_batches_and_re
         if step % 250 == 249:
             buf.save(tmp_path / "greedy.npz")
             buf = perx.ReplayBuffer.load(tmp_path / "greedy.npz")
-        _greedy.check(*buf.sampler._arrays(), buf.sampler._pid, buf.sampler._pstamp, cap)
+        _greedy.check(*buf.sampler._arrays(), cap)
         np.testing.assert_array_equal(buf.sampler.keys(np.array(sorted(live)) % cap), [live[i] for i in sorted(live)])
+        bases.add(int(buf.sampler._meta[_greedy.BASE]))
     assert compactions > 20
+    assert len(bases) > (20 if limits == "tiny" else 0)
     assert buf.sampler.state_dict()[1]["state"][1] == applied  # saved as the heap samplers save it
+
+
+def test_greedy_ranks_a_negative_zero_priority_as_zero_and_keeps_it_as_given():
+    # keys are compared as the bits of floats >= +0.0, so a raw -0.0 must enter the heap as +0.0
+    buf = perx.ReplayBuffer(6, perx.Greedy())
+    buf.extend(x=np.arange(6.0))
+    buf.set_priorities(np.arange(6), [0.0, -0.0, 0.0, -0.0, 1.0, -0.0])
+    assert buf.sample(6).indices.tolist() == [4, 0, 1, 2, 3, 5]  # equal keys: the older first
+    assert np.signbit(buf.sampler.keys(np.arange(6))).tolist() == [False, True, False, True, False, True]
+
+
+@pytest.mark.parametrize("copier", ["deepcopy", "pickle", "save"])
+def test_a_copied_greedy_buffer_returns_the_same_batches_from_a_heap_on_a_cache_line(copier, tmp_path):
+    import copy
+    import pickle
+
+    from perx.samplers import _greedy
+    rng = np.random.default_rng(3)
+    buf = perx.ReplayBuffer(300, perx.Greedy())
+    buf.extend(x=np.arange(450.0))
+    buf.update_priorities(np.arange(150, 450), np.round(rng.exponential(1.0, 300), 1))
+    buf.sample(40)  # leaves 40 pending entries
+    if copier == "save":
+        buf.save(tmp_path / "g.npz")
+        twin = perx.ReplayBuffer.load(tmp_path / "g.npz")
+    else:
+        twin = copy.deepcopy(buf) if copier == "deepcopy" else pickle.loads(pickle.dumps(buf))
+    assert twin.sampler._heap.ctypes.data % 64 == 0 and twin.sampler._heap.flags.c_contiguous
+    for step in range(20):
+        got = [b.sample(25).indices for b in (buf, twin)]
+        np.testing.assert_array_equal(*got)
+        values = np.round(rng.exponential(1.0, 25), 1)
+        for b in (buf, twin):
+            b.update_priorities(got[0], values)
+            b.extend(x=[float(step)])
+    _greedy.check(*twin.sampler._arrays(), 300)
 
 
 def test_greedy_replays_every_new_transition_before_any_twice():
@@ -332,7 +359,7 @@ def test_single_adds_leave_the_heap_as_one_row_extends_leave_it(make):
             values = rng.choice([0.0, 0.5, 3.0, float(step)], 4)
             for buf in (one, batched):
                 buf.update_priorities(ids, values)
-        names = (("_hkey", "_hid", "_hstamp", "_cur", "_key", "_meta") if isinstance(one.sampler, perx.Greedy)
+        names = (("_heap", "_cur", "_key", "_meta") if isinstance(one.sampler, perx.Greedy)
                  else ("_keys", "_ids", "_pos", "_state"))
         for name in names:
             np.testing.assert_array_equal(getattr(one.sampler, name), getattr(batched.sampler, name),

@@ -5,24 +5,38 @@ depends only on the set of live (key, id) pairs, never on where they sit in a he
 position map a binary heap needs to find an entry again (``_heap``): there, every level an entry passes
 costs a write of ``pos[slot]`` to a random cache line, about half of a sift's time. Here:
 
-* a new key is *pushed* as a fresh entry (key, id, stamp) at the end of the heap array and rises; the stamp
-  is a number issued once, and ``cur[slot]`` holds the stamp of the slot's live entry, so any older entry of
-  that slot (a previous key, or an overwritten transition) is stale from then on;
+* a new key is *pushed* as a fresh entry at the end of the heap and rises, with a stamp: a number issued
+  once (until the next compaction). ``cur[slot]`` holds the stamp of the slot's live entry, so any older
+  entry of that slot (a previous key, or an overwritten transition) is stale from then on;
 * ``sample(k)`` *pops* entries from the root until k live ones came out; stale ones are dropped for good.
-  The k live ones are *pending*: the next sample pushes back those that no update replaced meanwhile (with
-  their stamp, so they stay live);
-* when the heap array is full, the live entries are compacted and re-heapified (O(capacity), 16 ms at 1e6,
-  at most once per capacity / 8 pushes). The slack is kept small on purpose: stale entries make the heap
-  deeper and each pop slower (measured at 1e6 with half of the entries stale: pops ~1.7x slower).
+  The k live ones are *pending*: the next sample pushes back those that no update replaced meanwhile;
+* when the heap array is full, the live entries are compacted and re-heapified (O(capacity), ~16 ms at
+  1e6, at most once per capacity / 8 pushes). The slack is kept small on purpose: stale entries make the
+  heap deeper and each pop slower.
 
-Order: entry a before entry b iff ``key_a > key_b``, or equal keys and ``id_a < id_b``; keys are |delta|
-(or a raw priority) >= 0, +inf for a transition not replayed yet.
+An entry is 16 bytes, one row of ``heap`` (int64 [rows, 2]): the key's float64 bits and a tag
+``(id - base) << vbits | stamp``. Keys are |delta| or a raw priority >= 0 (+inf for a transition not
+replayed yet, never NaN), and the bits of such floats, read as int64, order as the floats do (a -0.0 is
+stored as +0.0, equal to it as before); comparing tags compares ids. So heap order is: a before b iff
+``key_a > key_b``, or equal keys and ``id_a < id_b``, compared as two integers. Row 0 is unused and the
+array starts on a 64-byte line, so the two children 2r and 2r + 1 of row r share 32 aligned bytes: one cache
+line per level of a sift (three when key, id and stamp were three arrays).
 
-Arrays: ``hkey`` float64, ``hid`` int64, ``hstamp`` int64, all [capacity + capacity // 8 + 2] (the heap entries);
-``cur`` int64 [capacity] (stamp of the slot's live entry, 0 for an empty slot); ``key`` float64 [capacity]
-(the slot's current key); ``pid``, ``pstamp`` int64 [>= k] (pending entries); ``meta`` int64 [5]:
-entries in the heap array, last stamp issued, live transitions, pending entries, priority updates applied.
-Costs: push O(1) expected for a random key (O(log N) for +inf), pop O(log N), amortized compaction O(1).
+Stamps have 24 bits (``vbits``). A compaction drops the stale entries (in the heap; pending ones are marked
+dropped) and gives every live entry and its slot stamp 0; stamps 1, 2, ... are issued after it, and the
+2**vbits - 1'th forces the next compaction, so no stamp is issued twice while an entry holding it exists.
+(Stamps are issued from one counter rather than per slot: an update then writes ``cur[slot]`` without
+reading it first, a cache miss saved per update.) Ids enter a tag as ``id - base`` < 2**(63 - vbits); when
+an id would pass that, a compaction moves ``base`` up to the oldest live id (tags shift by the same amount,
+so the order stays). ``meta[VBITS]`` and ``meta[SPAN]`` hold these limits (set from ``VERSION_BITS`` and
+``ID_SPAN``), so tests can make both happen within a few steps.
+
+Arrays: ``heap`` int64 [capacity + capacity // 8 + 3, 2]; ``cur`` int32 [capacity] (the stamp of the slot's
+live entry, -1 for an empty slot); ``key`` float64 [capacity] (the slot's current key); ``pid`` int64,
+``pstamp`` int64 [>= k] (pending ids and stamps; -1: dropped); ``meta`` int64 [8]: entries in the heap, live
+transitions, pending entries, priority updates applied, the last stamp issued, the id base, stamp bits,
+id span. 30 bytes per transition. Costs: push O(1) expected for a random key (O(log N) for +inf), pop
+O(log N), amortized compaction O(1).
 """
 
 from __future__ import annotations
@@ -30,68 +44,147 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from perx.samplers._heap import rise_entry, sink_entry
 from perx.samplers.base import check_update
+from perx.storage import _gather_rows
 
-HEAP, STAMP, LIVE, PENDING, UPDATES = range(5)
+HEAP, LIVE, PENDING, UPDATES, STAMP, BASE, VBITS, SPAN = range(8)
+VERSION_BITS = 24  # read by allocate(); tests lower both to make wraps and rebases frequent
+ID_SPAN = 1 << (63 - VERSION_BITS)
+
+
+def allocate(capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Fresh (heap, cur, key, meta) for ``capacity`` slots; ``heap`` starts on a 64-byte boundary."""
+    rows = capacity + capacity // 8 + 3  # a ninth of the entries stale at most between compactions, row 0 unused
+    raw = np.zeros(2 * rows + 8, np.int64)
+    skip = (-raw.ctypes.data % 64) // 8
+    heap = raw[skip: skip + 2 * rows].reshape(rows, 2)
+    meta = np.zeros(8, np.int64)
+    meta[VBITS] = VERSION_BITS
+    meta[SPAN] = ID_SPAN
+    return heap, np.full(capacity, -1, np.int32), np.zeros(capacity), meta
 
 
 @njit(cache=True, nogil=True)
-def _compact(hkey, hid, hstamp, cur, meta, capacity):
-    """Drop the stale entries and re-heapify the rest (Floyd's bottom-up construction); O(entries)."""
+def _sink(heap, r, end):
+    """Move the entry at row r down to its place; rows [1, end) hold the heap."""
+    key = heap[r, 0]
+    tag = heap[r, 1]
+    while True:
+        c = 2 * r
+        if c >= end:
+            break
+        ck = heap[c, 0]
+        ct = heap[c, 1]
+        if c + 1 < end:
+            dk = heap[c + 1, 0]
+            dt = heap[c + 1, 1]
+            if dk > ck or (dk == ck and dt < ct):
+                c += 1
+                ck = dk
+                ct = dt
+        if not (ck > key or (ck == key and ct < tag)):
+            break
+        heap[r, 0] = ck
+        heap[r, 1] = ct
+        r = c
+    heap[r, 0] = key
+    heap[r, 1] = tag
+
+
+@njit(cache=True, nogil=True)
+def _rise(heap, r):
+    """Move the entry at row r up to its place."""
+    key = heap[r, 0]
+    tag = heap[r, 1]
+    while r > 1:
+        p = r >> 1
+        pk = heap[p, 0]
+        pt = heap[p, 1]
+        if not (key > pk or (key == pk and tag < pt)):
+            break
+        heap[r, 0] = pk
+        heap[r, 1] = pt
+        r = p
+    heap[r, 0] = key
+    heap[r, 1] = tag
+
+
+@njit(cache=True, nogil=True)
+def _compact(heap, cur, meta, pid, pstamp, capacity, base):
+    """Drop the stale entries (and mark stale pending ones dropped), give the live ones stamp 0, move the id
+    base to ``base`` (<= every live id) and re-heapify (Floyd's bottom-up construction); O(capacity)."""
+    bits = meta[VBITS]
+    mask = (1 << bits) - 1
     n = 0
-    for h in range(meta[HEAP]):
-        if cur[hid[h] % capacity] == hstamp[h]:
-            hkey[n] = hkey[h]
-            hid[n] = hid[h]
-            hstamp[n] = hstamp[h]
+    for r in range(1, meta[HEAP] + 1):
+        tag = heap[r, 1]
+        i = (tag >> bits) + meta[BASE]
+        if cur[i % capacity] == tag & mask:
             n += 1
-    for h in range(n // 2 - 1, -1, -1):
-        sink_entry(hkey, hid, hstamp, h, n)
+            heap[n, 0] = heap[r, 0]
+            heap[n, 1] = (i - base) << bits
+    for j in range(meta[PENDING]):
+        if pstamp[j] >= 0:
+            pstamp[j] = 0 if cur[pid[j] % capacity] == pstamp[j] else -1
+    for s in range(capacity):
+        if cur[s] > 0:
+            cur[s] = 0
+    for r in range(n // 2, 0, -1):
+        _sink(heap, r, n + 1)
     meta[HEAP] = n
+    meta[STAMP] = 0
+    meta[BASE] = base
 
 
 @njit(cache=True, nogil=True)
-def _push(hkey, hid, hstamp, cur, meta, capacity, key, iid, stamp):
-    """Append (key, id, stamp) and let it rise; compacts first when the heap array is full."""
-    if meta[HEAP] == hkey.shape[0]:
-        _compact(hkey, hid, hstamp, cur, meta, capacity)
-    h = meta[HEAP]
-    meta[HEAP] = h + 1
-    hkey[h] = key
-    hid[h] = iid
-    hstamp[h] = stamp
-    rise_entry(hkey, hid, hstamp, h)
+def _room(heap, cur, meta, pid, pstamp, capacity):
+    """Compact if the heap array is full or the stamps are used up. Called before an entry's stamp is read
+    or issued, since a compaction changes the live entries' stamps (to 0)."""
+    if meta[HEAP] == heap.shape[0] - 1 or meta[STAMP] == (1 << meta[VBITS]) - 1:
+        _compact(heap, cur, meta, pid, pstamp, capacity, meta[BASE])
 
 
 @njit(cache=True, nogil=True)
-def add(hkey, hid, hstamp, cur, key, meta, slots, new_ids, capacity):
-    """New transitions enter at key +inf; the one overwritten in their slot goes stale."""
-    for b in range(slots.shape[0]):
-        s = slots[b]
-        if cur[s] == 0:
-            meta[LIVE] += 1
-        stamp = meta[STAMP] + 1
-        meta[STAMP] = stamp
-        cur[s] = stamp
-        key[s] = np.inf
-        _push(hkey, hid, hstamp, cur, meta, capacity, np.inf, new_ids[b], stamp)
+def _stamp(meta, cur, s):
+    """Issue the next stamp to slot s (every older entry of the slot goes stale); after :func:`_room`."""
+    v = meta[STAMP] + 1
+    meta[STAMP] = v
+    cur[s] = v
+    return v
 
 
 @njit(cache=True, nogil=True)
-def add_one(hkey, hid, hstamp, cur, key, meta, slot, new_id, capacity):
-    """:func:`add` of one transition, from scalars (``ReplayBuffer.add``); the same steps."""
-    if cur[slot] == 0:
+def _push(heap, meta, key, iid, v):
+    """Append the entry (key, id, stamp) and let it rise; after :func:`_room`."""
+    r = meta[HEAP] + 1
+    meta[HEAP] = r
+    heap[r, 0] = np.float64(abs(key)).view(np.int64)  # abs: -0.0 as +0.0
+    heap[r, 1] = ((iid - meta[BASE]) << meta[VBITS]) | v
+    _rise(heap, r)
+
+
+@njit(cache=True, nogil=True)
+def add_one(heap, cur, key, meta, pid, pstamp, slot, new_id, capacity):
+    """A new transition enters at key +inf; the one overwritten in its slot goes stale."""
+    if new_id - meta[BASE] >= meta[SPAN]:  # ids would leave the tags' range: rebase on the oldest live id
+        _compact(heap, cur, meta, pid, pstamp, capacity, max(new_id - capacity, 0))
+    _room(heap, cur, meta, pid, pstamp, capacity)
+    if cur[slot] < 0:
         meta[LIVE] += 1
-    stamp = meta[STAMP] + 1
-    meta[STAMP] = stamp
-    cur[slot] = stamp
+    v = _stamp(meta, cur, slot)
     key[slot] = np.inf
-    _push(hkey, hid, hstamp, cur, meta, capacity, np.inf, new_id, stamp)
+    _push(heap, meta, np.inf, new_id, v)
 
 
 @njit(cache=True, nogil=True)
-def update(hkey, hid, hstamp, cur, key, meta, update_ids, values, next_id, capacity, raw):
+def add(heap, cur, key, meta, pid, pstamp, slots, new_ids, capacity):
+    """:func:`add_one` for each (slot, id) in turn."""
+    for b in range(slots.shape[0]):
+        add_one(heap, cur, key, meta, pid, pstamp, slots[b], new_ids[b], capacity)
+
+
+@njit(cache=True, nogil=True)
+def update(heap, cur, key, meta, pid, pstamp, update_ids, values, next_id, capacity, raw):
     """Validate all, then give each live id key |delta| (or the raw priority); returns the count applied,
     or -1 (bad value) / -2 (id never issued) with nothing changed."""
     code = check_update(update_ids, values, next_id, capacity, raw)
@@ -105,63 +198,82 @@ def update(hkey, hid, hstamp, cur, key, meta, update_ids, values, next_id, capac
             continue
         s = i % capacity
         k = values[b] if raw else abs(values[b])
-        stamp = meta[STAMP] + 1
-        meta[STAMP] = stamp
-        cur[s] = stamp
+        _room(heap, cur, meta, pid, pstamp, capacity)
+        v = _stamp(meta, cur, s)
         key[s] = k
-        _push(hkey, hid, hstamp, cur, meta, capacity, k, i, stamp)
+        _push(heap, meta, k, i, v)
         count += 1
     meta[UPDATES] += count
     return count
 
 
 @njit(cache=True, nogil=True)
-def top(hkey, hid, hstamp, cur, key, meta, pid, pstamp, capacity, k, out):
+def top(heap, cur, key, meta, pid, pstamp, capacity, k, out):
     """Write the ids of the k first live transitions, best first, into ``out``; k <= live transitions and
     ``pid``/``pstamp`` hold >= k. Pushes back the previous call's pending entries first (those still live),
     then pops; the k popped are pending until the next call."""
     for j in range(meta[PENDING]):
+        _room(heap, cur, meta, pid, pstamp, capacity)
         i = pid[j]
         s = i % capacity
-        if cur[s] == pstamp[j]:  # neither updated nor overwritten since it was popped
-            _push(hkey, hid, hstamp, cur, meta, capacity, key[s], i, pstamp[j])
+        if pstamp[j] >= 0 and cur[s] == pstamp[j]:  # neither updated nor overwritten since it was popped
+            _push(heap, meta, key[s], i, pstamp[j])
     meta[PENDING] = 0
+    bits = meta[VBITS]
+    mask = (1 << bits) - 1
+    base = meta[BASE]
     t = 0
     size = meta[HEAP]
     while t < k:
-        i = hid[0]
-        stamp = hstamp[0]
+        tag = heap[1, 1]
+        heap[1, 0] = heap[size, 0]
+        heap[1, 1] = heap[size, 1]
         size -= 1
-        hkey[0] = hkey[size]
-        hid[0] = hid[size]
-        hstamp[0] = hstamp[size]
-        sink_entry(hkey, hid, hstamp, 0, size)
-        if cur[i % capacity] == stamp:
+        _sink(heap, 1, size + 1)
+        i = (tag >> bits) + base
+        v = tag & mask
+        if cur[i % capacity] == v:
             out[t] = i
             pid[t] = i
-            pstamp[t] = stamp
+            pstamp[t] = v
             t += 1
     meta[HEAP] = size
     meta[PENDING] = k
 
 
 @njit(cache=True, nogil=True)
-def live_entries(hkey, hid, hstamp, cur, key, meta, pid, pstamp, capacity):
+def top_gather(heap, cur, key, meta, pid, pstamp, capacity, k, rows64, plan, out):
+    """:func:`top` writing the ids, probabilities and weights (1) into ``out``'s first 24 * k bytes, then the
+    rows of the k transitions after them (:func:`perx.storage._gather_rows`): one call, nothing handed back."""
+    ids = out[: 8 * k].view(np.int64)
+    top(heap, cur, key, meta, pid, pstamp, capacity, k, ids)
+    out[8 * k: 24 * k].view(np.float64)[:] = 1.0
+    slots = np.empty(k, np.int64)
+    for b in range(k):
+        slots[b] = ids[b] % capacity
+    _gather_rows(rows64, slots, out[24 * k:], plan)
+
+
+@njit(cache=True, nogil=True)
+def live_entries(heap, cur, key, meta, pid, pstamp, capacity):
     """(keys, ids) of the live transitions, one each, in no particular order: the heap's live entries and
     the pending ones still live."""
     n = meta[LIVE]
     keys = np.empty(n)
     ids = np.empty(n, np.int64)
+    bits = meta[VBITS]
+    mask = (1 << bits) - 1
     j = 0
-    for h in range(meta[HEAP]):
-        if cur[hid[h] % capacity] == hstamp[h]:
+    for r in range(1, meta[HEAP] + 1):
+        i = (heap[r, 1] >> bits) + meta[BASE]
+        if cur[i % capacity] == heap[r, 1] & mask:
             if j < n:
-                keys[j] = hkey[h]
-                ids[j] = hid[h]
+                keys[j] = np.int64(heap[r, 0]).view(np.float64)
+                ids[j] = i
             j += 1
     for p in range(meta[PENDING]):
         s = pid[p] % capacity
-        if cur[s] == pstamp[p]:
+        if pstamp[p] >= 0 and cur[s] == pstamp[p]:
             if j < n:
                 keys[j] = key[s]
                 ids[j] = pid[p]
@@ -171,20 +283,28 @@ def live_entries(hkey, hid, hstamp, cur, key, meta, pid, pstamp, capacity):
     return keys, ids
 
 
-def check(hkey: np.ndarray, hid: np.ndarray, hstamp: np.ndarray, cur: np.ndarray, key: np.ndarray,
-          meta: np.ndarray, pid: np.ndarray, pstamp: np.ndarray, capacity: int) -> None:
+def check(heap: np.ndarray, cur: np.ndarray, key: np.ndarray, meta: np.ndarray,
+          pid: np.ndarray, pstamp: np.ndarray, capacity: int) -> None:
     """Raise AssertionError unless the invariants hold (for tests): heap order over the array's entries,
-    each live slot's stamp found exactly once (in the heap or pending) with the slot's key, stamps
-    issued at most once. O(entries)."""
-    size = int(meta[HEAP])
-    h = np.arange(1, size)
-    parent = (h - 1) // 2
-    ordered = (hkey[parent] > hkey[h]) | ((hkey[parent] == hkey[h]) & (hid[parent] <= hid[h]))
+    each live slot's stamp found exactly once (in the heap or pending) with the slot's key, tags in range,
+    stamps issued at most once since the last compaction. O(entries)."""
+    size, bits = int(meta[HEAP]), int(meta[VBITS])
+    heapf = heap.view(np.float64)
+    assert (heap[1:size + 1, 0] >= 0).all(), "keys stored as the bits of floats >= +0.0"
+    r = np.arange(2, size + 1)
+    p = r // 2
+    keys, tags = heapf[1:size + 1, 0], heap[1:size + 1, 1]
+    ordered = (heapf[p, 0] > heapf[r, 0]) | ((heapf[p, 0] == heapf[r, 0]) & (heap[p, 1] < heap[r, 1]))
     assert ordered.all(), "heap order"
-    stamps = np.concatenate((hstamp[:size], pstamp[: meta[PENDING]]))
-    idents = np.concatenate((hid[:size], pid[: meta[PENDING]]))
-    keys = np.concatenate((hkey[:size], key[pid[: meta[PENDING]] % capacity]))
-    is_live = cur[idents % capacity] == stamps
-    assert len(np.unique(stamps[is_live])) == is_live.sum() == meta[LIVE] == (cur > 0).sum(), "one live entry each"
-    np.testing.assert_array_equal(keys[is_live], key[idents[is_live] % capacity])
-    assert stamps.max(initial=0) <= meta[STAMP] and cur.max(initial=0) <= meta[STAMP], "stamps"
+    assert (tags >= 0).all() and ((tags >> bits) < meta[SPAN]).all(), "tags in range"
+    assert 0 <= meta[STAMP] < (1 << bits) and cur.max(initial=0) <= meta[STAMP], "stamps issued"
+    pending = int(meta[PENDING])
+    kept = pstamp[:pending] >= 0
+    ids = np.concatenate(((tags >> bits) + meta[BASE], pid[:pending][kept]))
+    stamps = np.concatenate((tags & ((1 << bits) - 1), pstamp[:pending][kept]))
+    keys = np.concatenate((keys, key[pid[:pending][kept] % capacity]))
+    is_live = cur[ids % capacity] == stamps
+    assert len(np.unique(ids[is_live] % capacity)) == is_live.sum() == meta[LIVE] == (cur >= 0).sum(), \
+        "one live entry each"
+    np.testing.assert_array_equal(keys[is_live], key[ids[is_live] % capacity])
+    assert (ids[is_live] >= meta[BASE]).all(), "live ids at or above the base"

@@ -418,8 +418,8 @@ class Greedy(Sampler):
     (O(1) expected for a random key) and leaves the old one stale, ``sample(k)`` pops until k live entries
     came out (O(k log N)), stale entries drop out as they surface. What it returns depends only on the
     stored keys and ids, so this gives the same batches as a heap with a position map (``RankBased``'s),
-    without the position writes that are half of such a heap's update. Memory: 43 bytes per transition
-    (a heap array of capacity * 9/8 entries of 24 bytes, the slots' stamps and keys).
+    without the position writes that are half of such a heap's update. Memory: 30 bytes per transition
+    (a heap array of capacity * 9/8 entries of 16 bytes, the slots' stamps and keys).
     New transitions enter at +inf, so every transition is replayed at least once before any
     transition is replayed twice. ``batch.probabilities`` are 1: the choice is deterministic.
     """
@@ -427,18 +427,17 @@ class Greedy(Sampler):
     name = "Greedy"
 
     def _allocate(self, capacity):
-        entries = capacity + capacity // 8 + 2  # a ninth of it stale at most between compactions
-        self._hkey = np.zeros(entries)
-        self._hid = np.zeros(entries, np.int64)
-        self._hstamp = np.zeros(entries, np.int64)
-        self._cur = np.zeros(capacity, np.int64)
-        self._key = np.zeros(capacity)
-        self._meta = np.zeros(5, np.int64)
+        self._heap, self._cur, self._key, self._meta = _greedy.allocate(capacity)
         self._pid = np.zeros(0, np.int64)
         self._pstamp = np.zeros(0, np.int64)
 
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._heap = _greedy.allocate(self.capacity)[0]  # a copy on a 64-byte boundary again (speed only)
+        self._heap[:] = state["_heap"]
+
     def _arrays(self):
-        return self._hkey, self._hid, self._hstamp, self._cur, self._key, self._meta
+        return self._heap, self._cur, self._key, self._meta, self._pid, self._pstamp
 
     def on_add(self, slots, ids):
         _greedy.add(*self._arrays(), slots, ids, self.capacity)
@@ -452,22 +451,36 @@ class Greedy(Sampler):
             raise_bad_update(count, ids, values, next_id, raw)
         return count
 
-    def _top(self, k: int) -> np.ndarray:
+    def _pending_room(self, k: int) -> None:
         if len(self._pid) < k:  # room for k pending entries; the current ones are kept
             grown = max(k, 2 * len(self._pid), 64)
             pending = int(self._meta[_greedy.PENDING])
             self._pid = np.concatenate((self._pid[:pending], np.zeros(grown - pending, np.int64)))
             self._pstamp = np.concatenate((self._pstamp[:pending], np.zeros(grown - pending, np.int64)))
+
+    def _top(self, k: int) -> np.ndarray:
+        self._pending_room(k)
         out = np.empty(k, np.int64)
-        _greedy.top(*self._arrays(), self._pid, self._pstamp, self.capacity, k, out)
+        _greedy.top(*self._arrays(), self.capacity, k, out)
         return out
 
-    def sample(self, batch_size, beta, size, next_id):
+    @staticmethod
+    def _check_k(batch_size: int, size: int) -> None:
         if batch_size > size:
             raise ValueError(f"batch_size: Greedy returns distinct transitions, so batch_size must be "
                              f"<= {size} (the number stored), got {batch_size}")
+
+    def sample(self, batch_size, beta, size, next_id):
+        self._check_k(batch_size, size)
         ids = self._top(batch_size)
         return ids % self.capacity, ids, np.ones(batch_size), np.ones(batch_size)
+
+    fuses_gather = True
+
+    def sample_gather(self, batch_size, beta, size, next_id, rows64, plan, out):
+        self._check_k(batch_size, size)
+        self._pending_room(batch_size)
+        _greedy.top_gather(*self._arrays(), self.capacity, batch_size, rows64, plan, out)
 
     def sample_distinct(self, batch_size, beta, size, next_id):
         return self.sample(batch_size, beta, size, next_id)  # the top k are distinct already
@@ -484,14 +497,14 @@ class Greedy(Sampler):
     # -- state -----------------------------------------------------------------------------------
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (*self._arrays(), self._pid, self._pstamp))
+        return sum(a.nbytes for a in (self._heap, self._cur, self._key, self._meta, self._pid, self._pstamp))
 
     def state_dict(self):
         """The live (key, id) pairs as RankBased's heap arrays hold them, sorted (a sorted array is a valid
         heap): ``keys``/``ids`` by position, ``pos`` by slot, ``state`` = [size, updates applied]."""
         meta, arrays = super().state_dict()
         cap = self.capacity
-        keys, ids = _greedy.live_entries(*self._arrays(), self._pid, self._pstamp, cap)
+        keys, ids = _greedy.live_entries(*self._arrays(), cap)
         if len(keys) != self._meta[_greedy.LIVE]:
             raise AssertionError("Greedy: the heap lost a live transition")  # cannot happen; never save it
         order = np.lexsort((ids, -keys))
@@ -513,8 +526,9 @@ class Greedy(Sampler):
         _heap.check_heap(keys, ids, pos, size, next_id, self.capacity)
         # valid: a binary heap in the same order, so its first `size` entries are this heap's entries
         self._allocate(self.capacity)
+        base = max(next_id - self.capacity, 0)  # the oldest live id
+        self._heap[1:size + 1, 0] = np.abs(keys[:size]).view(np.int64)  # as _greedy._push stores them
+        self._heap[1:size + 1, 1] = (ids[:size] - base) << self._meta[_greedy.VBITS]  # stamp 0
         slots = ids[:size] % self.capacity
-        stamps = np.arange(1, size + 1, dtype=np.int64)
-        self._hkey[:size], self._hid[:size], self._hstamp[:size] = keys[:size], ids[:size], stamps
-        self._cur[slots], self._key[slots] = stamps, keys[:size]
-        self._meta[:] = (size, size, size, 0, state[1])
+        self._cur[slots], self._key[slots] = 0, keys[:size]
+        self._meta[[_greedy.HEAP, _greedy.LIVE, _greedy.UPDATES, _greedy.BASE]] = size, size, state[1], base
