@@ -393,7 +393,8 @@ class ReplayBuffer:
         fill = out._fill if isinstance(out, Batch) else None
         if fill is None or fill[1] is not getattr(storage, "_layout", None) or not _fuses(self.sampler):
             raise ValueError(f"out: expected a Batch that sample() of this buffer returned from one compiled call "
-                             f"(perx.Uniform, perx.Proportional or perx.Greedy, no episodes, rows <= 512 bytes), got {_short(out)}")
+                             f"(perx.Uniform, perx.Proportional or perx.Greedy, no episodes, rows <= 512 bytes), "
+                             f"got {_short(out)}")
         raw, layout, b, arrays, data, pairs = fill
         if replace is not True:
             raise ValueError("out: only sampling with replacement refills a batch; pass replace=True")

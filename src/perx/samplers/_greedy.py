@@ -178,9 +178,19 @@ def add_one(heap, cur, key, meta, pid, pstamp, slot, new_id, capacity):
 
 @njit(cache=True, nogil=True)
 def add(heap, cur, key, meta, pid, pstamp, slots, new_ids, capacity):
-    """:func:`add_one` for each (slot, id) in turn."""
+    """:func:`add_one` for each (slot, id) in turn, its steps written out: calling it (even with numba's
+    ``inline="always"``) doubled the time of an extend of 256 (35 vs 17 us at 1e6)."""
     for b in range(slots.shape[0]):
-        add_one(heap, cur, key, meta, pid, pstamp, slots[b], new_ids[b], capacity)
+        slot = slots[b]
+        new_id = new_ids[b]
+        if new_id - meta[BASE] >= meta[SPAN]:
+            _compact(heap, cur, meta, pid, pstamp, capacity, max(new_id - capacity, 0))
+        _room(heap, cur, meta, pid, pstamp, capacity)
+        if cur[slot] < 0:
+            meta[LIVE] += 1
+        v = _stamp(meta, cur, slot)
+        key[slot] = np.inf
+        _push(heap, meta, np.inf, new_id, v)
 
 
 @njit(cache=True, nogil=True)
