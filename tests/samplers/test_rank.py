@@ -214,6 +214,43 @@ def test_greedy_returns_the_true_top_k_with_deterministic_ties():
         np.testing.assert_array_equal(buf.sample(k).indices, expected)
 
 
+def test_batched_heap_kernels_leave_the_arrays_a_sift_per_transition_leaves():
+    """heap_add and heap_update write the sift's steps out in their loops (for speed); a Python loop calling
+    sift for each transition must leave the same keys, ids and positions."""
+    rng = np.random.default_rng(8)
+    cap = 200
+    fast = [np.zeros(cap), np.zeros(cap, np.int64), np.full(cap, -1, np.int64), np.zeros(2, np.int64)]
+    slow = [a.copy() for a in fast]
+    next_id = 0
+    for step in range(300):
+        if step % 3 == 0:
+            new = np.arange(next_id, next_id + int(rng.integers(1, 30)), dtype=np.int64)
+            next_id += len(new)
+            _heap.heap_add(*fast, new % cap, new, cap)
+            keys, ids, pos, state = slow
+            for i in new.tolist():
+                s = i % cap
+                h = pos[s]
+                if h < 0:
+                    h = state[0]
+                    state[0] += 1
+                keys[h], ids[h], pos[s] = np.inf, i, h
+                _heap.sift(keys, ids, pos, h, state[0], cap)
+        else:
+            upd = rng.integers(max(0, next_id - cap - 5), next_id, int(rng.integers(1, 40)))
+            values = np.round(rng.exponential(1.0, len(upd)), 1) * rng.choice([-1, 1], len(upd))
+            assert _heap.heap_update(*fast, upd, values, next_id, cap, False) >= 0
+            keys, ids, pos, state = slow
+            for i, v in zip(upd.tolist(), values.tolist(), strict=True):
+                if i >= next_id - cap:
+                    h = pos[i % cap]
+                    keys[h] = abs(v)
+                    _heap.sift(keys, ids, pos, h, state[0], cap)
+                    state[1] += 1
+        for a, b in zip(fast, slow, strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"step {step}")
+
+
 @pytest.mark.parametrize("limits", ["default", "tiny"])
 def test_greedy_matches_a_sorted_list_through_compactions_pending_batches_and_reloads(tmp_path, monkeypatch, limits):
     """Greedy against a dict of the live keys, top k by (key descending, id ascending): a small capacity so
