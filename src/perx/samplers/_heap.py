@@ -8,7 +8,7 @@ Arrays (all of length capacity): ``keys[h]`` and ``ids[h]`` for heap positions `
 ``pos[slot]`` is the heap position of the transition stored in ``slot`` (-1 while the slot is empty).
 ``size`` lives in ``state[0]`` and the number of updates since the last full sort in ``state[1]``.
 
-Invariant: ``before(parent(h), h)`` or the two are equal, for every ``0 < h < size``; and
+Invariant: the entry at parent(h) comes before the one at h, or the two are equal, for every ``0 < h < size``; and
 ``pos[ids[h] % capacity] == h``. A heap array sorted in this order is a valid heap, which is what the
 periodic full sort of the rank-based sampler relies on.
 """
@@ -19,13 +19,6 @@ import numpy as np
 from numba import njit
 
 from perx.samplers.base import check_update, ids_of_slots
-
-
-@njit(cache=True, nogil=True, inline="always")
-def before(keys, ids, a, b):
-    ka = keys[a]
-    kb = keys[b]
-    return ka > kb or (ka == kb and ids[a] < ids[b])
 
 
 @njit(cache=True, nogil=True)
@@ -53,9 +46,12 @@ def sift(keys, ids, pos, h, size, capacity):
             child = 2 * h + 1
             if child >= size:
                 break
-            if child + 1 < size and before(keys, ids, child + 1, child):
-                child += 1
             kc = keys[child]
+            if child + 1 < size:
+                kd = keys[child + 1]
+                if kd > kc or (kd == kc and ids[child + 1] < ids[child]):
+                    child += 1
+                    kc = kd
             if not (kc > key or (kc == key and ids[child] < iid)):
                 break
             keys[h] = kc
@@ -81,8 +77,8 @@ def heap_add(keys, ids, pos, state, slots, new_ids, capacity):
         keys[h] = np.inf
         ids[h] = new_ids[b]
         pos[s] = h
-        # the steps of sift(keys, ids, pos, h, size, capacity), written out: a call passing the three arrays
-        # (or numba's inline="always") costs their reference counts, ~70 ns per transition (half of the loop)
+        # the steps of sift(keys, ids, pos, h, size, capacity), written out: numba does not inline sift, and
+        # the call (or its inline="always") cost ~70 ns per transition, half of the loop at 1e6
         key = keys[h]
         iid = ids[h]
         start = h
@@ -100,9 +96,12 @@ def heap_add(keys, ids, pos, state, slots, new_ids, capacity):
                 child = 2 * h + 1
                 if child >= size:
                     break
-                if child + 1 < size and before(keys, ids, child + 1, child):
-                    child += 1
                 kc = keys[child]
+                if child + 1 < size:
+                    kd = keys[child + 1]
+                    if kd > kc or (kd == kc and ids[child + 1] < ids[child]):
+                        child += 1
+                        kc = kd
                 if not (kc > key or (kc == key and ids[child] < iid)):
                     break
                 keys[h] = kc
@@ -147,8 +146,8 @@ def heap_update(keys, ids, pos, state, update_ids, values, next_id, capacity, ra
             continue
         h = pos[i % capacity]
         keys[h] = values[b] if raw else abs(values[b])
-        # the steps of sift(keys, ids, pos, h, size, capacity), written out: a call passing the three arrays
-        # (or numba's inline="always") costs their reference counts, ~70 ns per transition (half of the loop)
+        # the steps of sift(keys, ids, pos, h, size, capacity), written out: numba does not inline sift, and
+        # the call (or its inline="always") cost ~70 ns per transition, half of the loop at 1e6
         key = keys[h]
         iid = ids[h]
         start = h
@@ -166,9 +165,12 @@ def heap_update(keys, ids, pos, state, update_ids, values, next_id, capacity, ra
                 child = 2 * h + 1
                 if child >= size:
                     break
-                if child + 1 < size and before(keys, ids, child + 1, child):
-                    child += 1
                 kc = keys[child]
+                if child + 1 < size:
+                    kd = keys[child + 1]
+                    if kd > kc or (kd == kc and ids[child + 1] < ids[child]):
+                        child += 1
+                        kc = kd
                 if not (kc > key or (kc == key and ids[child] < iid)):
                     break
                 keys[h] = kc
