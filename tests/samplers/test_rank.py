@@ -214,6 +214,33 @@ def test_greedy_returns_the_true_top_k_with_deterministic_ties():
         np.testing.assert_array_equal(buf.sample(k).indices, expected)
 
 
+@pytest.mark.parametrize("ids_kind", ["live", "gaps", "repeated"])
+def test_full_sort_orders_as_lexsort_of_key_descending_then_id(ids_kind, monkeypatch):
+    """One stable sort after an id-order scatter for a contiguous range of ids, lexsort otherwise: the same
+    arrays either way, with ties at +inf, 0.0 and -0.0 (equal to 0.0)."""
+    rng = np.random.default_rng(2)
+    cap, size = 500, 430
+    keys = rng.choice([np.inf, 0.0, -0.0, 0.5, 1.0, 2.5], cap) * rng.choice([1.0, 1.0, rng.random()], cap)
+    ids = np.zeros(cap, np.int64)
+    ids[:size] = rng.permutation(np.arange(1070, 1070 + size))  # the live ids: a contiguous range
+    if ids_kind == "gaps":
+        ids[:size] = np.sort(rng.choice(np.arange(900, 2000), size, replace=False))
+    elif ids_kind == "repeated":
+        ids[1] = ids[0]
+    order = np.lexsort((ids[:size], -keys[:size]))
+    expected_keys, expected_ids = keys[:size][order], ids[:size][order]
+    pos = np.full(cap, -1, np.int64)
+    if ids_kind == "live":  # the one-sort path, not lexsort
+        monkeypatch.setattr(np, "lexsort", None)
+    _heap.full_sort(keys, ids, pos, size, cap)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(keys[:size], expected_keys)
+    np.testing.assert_array_equal(np.signbit(keys[:size]), np.signbit(expected_keys))
+    np.testing.assert_array_equal(ids[:size], expected_ids)
+    if ids_kind == "live":  # (other ids may share slots)
+        np.testing.assert_array_equal(pos[ids[:size] % cap], np.arange(size))
+
+
 def test_batched_heap_kernels_leave_the_arrays_a_sift_per_transition_leaves():
     """heap_add and heap_update write the sift's steps out in their loops (for speed); a Python loop calling
     sift for each transition must leave the same keys, ids and positions."""

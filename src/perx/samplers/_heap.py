@@ -186,8 +186,21 @@ def heap_update(keys, ids, pos, state, update_ids, values, next_id, capacity, ra
 
 
 def full_sort(keys: np.ndarray, ids: np.ndarray, pos: np.ndarray, size: int, capacity: int) -> None:
-    """Sort the heap array in heap order (a sorted array is a valid heap); O(size log size)."""
-    order = np.lexsort((ids[:size], -keys[:size]))
+    """Sort the heap array in heap order (a sorted array is a valid heap); O(size log size).
+
+    The order of ``np.lexsort((ids, -keys))`` from one stable sort: the heap holds the live ids, a contiguous
+    range, so a scatter puts the positions in id order, and a stable sort by key keeps that order among equal
+    keys (232 -> 130 ms at 1e6 in the benchmark's state). Any other ids: lexsort itself."""
+    live = ids[:size]
+    lo = int(live.min()) if size else 0
+    if size and int(live.max()) - lo == size - 1:
+        by_id = np.full(size, -1, np.int64)
+        by_id[live - lo] = np.arange(size)
+        order = by_id[np.argsort(-keys[:size][by_id], kind="stable")] if (by_id >= 0).all() else None
+    else:
+        order = None
+    if order is None:
+        order = np.lexsort((ids[:size], -keys[:size]))
     keys[:size] = keys[:size][order]
     ids[:size] = ids[:size][order]
     pos[ids[:size] % capacity] = np.arange(size)
