@@ -182,7 +182,8 @@ def _rich(n, rng):
 
 @pytest.mark.parametrize("make", [lambda: perx.Proportional(alpha=0.6), lambda: perx.Uniform(),
                                   lambda: perx.Proportional(alpha=0.5, stratified=False, normalize="batch"),
-                                  lambda: perx.Greedy()])
+                                  lambda: perx.Greedy(), lambda: perx.RankBased(alpha=0.7),
+                                  lambda: perx.RankBased(alpha=0.6, segments=8, normalize="batch", sort_every=50)])
 def test_one_call_sample_and_gather_returns_what_sampling_then_gathering_returns(make):
     # the fused path (sampler.sample_gather) against the two-step path on a twin with the fusion switched off
     rng = np.random.default_rng(4)
@@ -253,7 +254,7 @@ def test_a_batch_too_large_for_one_record_is_gathered_field_by_field(monkeypatch
 
 
 @pytest.mark.parametrize("make", [lambda: perx.Proportional(alpha=0.6), lambda: perx.Uniform(), lambda: perx.LAP(),
-                                  lambda: perx.Greedy()])
+                                  lambda: perx.Greedy(), lambda: perx.RankBased()])
 def test_sample_out_refills_a_batch_in_place_with_what_a_new_sample_would_hold(make):
     rng = np.random.default_rng(5)
     data = _rich(400, rng)

@@ -334,8 +334,8 @@ class ReplayBuffer:
                 ``perx.torch.as_tensors`` makes them), which saves allocating the batch and its views
                 (~2 us per call). Attributes or fields rebound since are reset to the refilled arrays.
                 Only for batches drawn and copied in one compiled call: ``perx.Uniform``,
-                ``perx.Proportional`` (and LAP) and ``perx.Greedy`` with replacement, without episodes, rows
-                <= 512 bytes.
+                ``perx.Proportional`` (and LAP), ``perx.RankBased`` (heap mode) and ``perx.Greedy`` with
+                replacement, without episodes, rows <= 512 bytes.
 
         Returns:
             a :class:`Batch`. Cost: O(B log N) plus the copy of B rows of every field. With
@@ -393,8 +393,8 @@ class ReplayBuffer:
         fill = out._fill if isinstance(out, Batch) else None
         if fill is None or fill[1] is not getattr(storage, "_layout", None) or not _fuses(self.sampler):
             raise ValueError(f"out: expected a Batch that sample() of this buffer returned from one compiled call "
-                             f"(perx.Uniform, perx.Proportional or perx.Greedy, no episodes, rows <= 512 bytes), "
-                             f"got {_short(out)}")
+                             f"(perx.Uniform, perx.Proportional, perx.RankBased in heap mode or perx.Greedy, no "
+                             f"episodes, rows <= 512 bytes), got {_short(out)}")
         raw, layout, b, arrays, data, pairs = fill
         if replace is not True:
             raise ValueError("out: only sampling with replacement refills a batch; pass replace=True")

@@ -430,3 +430,13 @@ def test_single_adds_leave_the_heap_as_one_row_extends_leave_it(make):
                                           err_msg=name, strict=True)
         k = min(3, len(one))
         np.testing.assert_array_equal(one.sample(k).indices, batched.sample(k).indices)
+
+
+def test_exact_rank_based_samples_in_two_steps_and_refuses_to_refill():
+    # only the heap mode draws and gathers in one call; exact mode's positions need its sorted list
+    assert perx.RankBased().fuses_gather and not perx.RankBased(exact=True).fuses_gather
+    buf = perx.ReplayBuffer(100, perx.RankBased(exact=True), seed=0)
+    buf.extend(x=np.arange(100.0))
+    batch = buf.sample(32)
+    with pytest.raises(ValueError, match="out"):
+        buf.sample(32, out=batch)

@@ -30,6 +30,7 @@ from numba import njit
 from perx._validation import check_bool, check_choice, check_optional_positive_int, check_real
 from perx.samplers import _greedy, _heap, _ordered
 from perx.samplers.base import Sampler, check_int, check_update, raise_bad_update
+from perx.storage import _gather_rows
 
 #: Reuse cached segment boundaries while N <= N_ref * (1 + SEGMENT_REUSE).
 SEGMENT_REUSE = 0.01
@@ -88,15 +89,13 @@ def segment_prefix(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def _segment_draw(lo, hi, cum_inv, seg, u, beta, use_weights, batch_norm, p_min):
-    """Draw b picks a position uniformly inside segment seg[b]; returns positions, their exact per-draw
-    probabilities and IS weights. Each draw's segment is uniform over the k segments (stratified when
-    seg = 0..k-1), so the per-draw probability of a position is the same in both modes."""
+def _segment_draw_into(lo, hi, cum_inv, seg, u, beta, use_weights, batch_norm, p_min, positions, probs, weights):
+    """Draw b picks a position uniformly inside segment seg[b]; writes positions, their exact per-draw
+    probabilities and IS weights (``weights`` holds ones on entry). Each draw's segment is uniform over the k
+    segments (stratified when seg = 0..k-1), so the per-draw probability of a position is the same in both
+    modes."""
     k = lo.shape[0]
     n = u.shape[0]
-    positions = np.empty(n, np.int64)
-    probs = np.empty(n)
-    weights = np.ones(n)
     smallest = np.inf
     for b in range(n):
         j = seg[b]
@@ -122,7 +121,50 @@ def _segment_draw(lo, hi, cum_inv, seg, u, beta, use_weights, batch_norm, p_min)
         ref = smallest if batch_norm else p_min
         for b in range(n):
             weights[b] = (probs[b] / ref) ** -beta
+
+
+@njit(cache=True, nogil=True)
+def _segment_draw(lo, hi, cum_inv, seg, u, beta, use_weights, batch_norm, p_min):
+    """:func:`_segment_draw_into` into new arrays: (positions, probabilities, weights)."""
+    n = u.shape[0]
+    positions = np.empty(n, np.int64)
+    probs = np.empty(n)
+    weights = np.ones(n)
+    _segment_draw_into(lo, hi, cum_inv, seg, u, beta, use_weights, batch_norm, p_min, positions, probs, weights)
     return positions, probs, weights
+
+
+@njit(cache=True, nogil=True)
+def _segment_draw_gather(lo, hi, cum_inv, seg, u, beta, use_weights, batch_norm, p_min, heap_ids, capacity,
+                         rows64, plan, out):
+    """:func:`_segment_draw_into` for the heap mode, writing the drawn ids, probabilities and weights into
+    ``out``'s first 24 * B bytes and the drawn rows after them (:func:`perx.storage._gather_rows`)."""
+    n = u.shape[0]
+    ids = out[: 8 * n].view(np.int64)
+    weights = out[16 * n: 24 * n].view(np.float64)
+    weights[:] = 1.0
+    positions = np.empty(n, np.int64)
+    _segment_draw_into(lo, hi, cum_inv, seg, u, beta, use_weights, batch_norm, p_min, positions,
+                       out[8 * n: 16 * n].view(np.float64), weights)
+    slots = np.empty(n, np.int64)
+    for b in range(n):
+        i = heap_ids[positions[b]]
+        ids[b] = i
+        slots[b] = i % capacity
+    _gather_rows(rows64, slots, out[24 * n:], plan)
+
+
+@njit(cache=True, nogil=True)
+def _write_gather(ids, probs, weights, capacity, rows64, plan, out):
+    """Write ids, probabilities and weights into ``out``'s first 24 * B bytes and the rows of the ids after."""
+    n = ids.shape[0]
+    out[: 8 * n].view(np.int64)[:] = ids
+    out[8 * n: 16 * n].view(np.float64)[:] = probs
+    out[16 * n: 24 * n].view(np.float64)[:] = weights
+    slots = np.empty(n, np.int64)
+    for b in range(n):
+        slots[b] = ids[b] % capacity
+    _gather_rows(rows64, slots, out[24 * n:], plan)
 
 
 def segment_probabilities(lo: np.ndarray, hi: np.ndarray, positions: np.ndarray,
@@ -212,6 +254,7 @@ class RankBased(_HeapSampler):
         self.n_segments = check_optional_positive_int(segments, "segments")
         self.sort_every = check_optional_positive_int(sort_every, "sort_every")
         self.exact = check_bool(exact, "exact")
+        self.fuses_gather = not self.exact  # heap mode draws and gathers in one compiled call
         self.normalize = check_choice(normalize, "normalize", ("buffer", "batch"))
         #: k -> (N, lo, hi, cum_inv, smallest probability) of the boundaries last computed for k.
         self._segments: dict[int, tuple] = {}
@@ -293,22 +336,36 @@ class RankBased(_HeapSampler):
             return self._pos[slots]
         return self._order.ranks_of(self._keys[slots], self._ids[slots])
 
-    def sample(self, batch_size, beta, size, next_id):
+    def _draw(self, batch_size: int, size: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """(k segments, each draw's segment, each draw's uniform): the random numbers of one batch."""
         k = batch_size if self.n_segments is None else self.n_segments
         if size >= k and k != batch_size:  # "sample a segment, then uniformly within it" (000 Sec. 3.3)
             seg = self._rng.integers(0, k, batch_size)
         else:  # one draw per segment: stratified (000 App. B.2.1)
             seg = np.arange(batch_size)
-        u = self._rng.random(batch_size)
-        use_weights = beta > 0.0
+        return k, seg, self._rng.random(batch_size)
+
+    def sample(self, batch_size, beta, size, next_id):
+        k, seg, u = self._draw(batch_size, size)
         if size >= k:
             lo, hi, cum_inv, p_min = self.boundaries(size, k)
-            positions, probs, weights = _segment_draw(lo, hi, cum_inv, seg, u, beta, use_weights,
+            positions, probs, weights = _segment_draw(lo, hi, cum_inv, seg, u, beta, beta > 0.0,
                                                       self.normalize == "batch", p_min)
         else:
             positions, probs, weights = self._small_draw(u, size, beta)
         ids = self._positions_to_ids(positions)
         return ids % self.capacity, ids, probs, weights
+
+    def sample_gather(self, batch_size, beta, size, next_id, rows64, plan, out):
+        """Heap mode only (``fuses_gather`` is False in exact mode): the same draws as :meth:`sample`."""
+        k, seg, u = self._draw(batch_size, size)
+        if size >= k:
+            lo, hi, cum_inv, p_min = self.boundaries(size, k)
+            _segment_draw_gather(lo, hi, cum_inv, seg, u, beta, beta > 0.0, self.normalize == "batch", p_min,
+                                 self._ids, self.capacity, rows64, plan, out)
+        else:
+            positions, probs, weights = self._small_draw(u, size, beta)
+            _write_gather(self._ids[positions], probs, weights, self.capacity, rows64, plan, out)
 
     def _small_draw(self, u, size, beta):
         # Fewer transitions than segments: invert the exact power-law CDF at stratified targets, so
