@@ -214,6 +214,22 @@ def test_greedy_returns_the_true_top_k_with_deterministic_ties():
         np.testing.assert_array_equal(buf.sample(k).indices, expected)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_radix_argsort_is_numpys_stable_argsort(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 3000))
+    pools = [rng.integers(0, 2**64, n, dtype=np.uint64),  # every digit varies
+             rng.choice(np.array([0, 1, 2047, 2048, 2**63, 2**64 - 1], np.uint64), n),  # ties, edge values
+             (rng.integers(0, 8, n, dtype=np.uint64) << np.uint64(40)),  # only one digit varies
+             np.full(n, 12345, np.uint64)]  # nothing varies: every pass skipped
+    if n:
+        odd = np.full(n, 7, np.uint64)
+        odd[rng.integers(0, n)] = 7 | (1 << 30)  # one key differs, in one digit: that pass must not be skipped
+        pools.append(odd)
+    for k in pools:
+        np.testing.assert_array_equal(_heap.radix_argsort(k.copy()), np.argsort(k, kind="stable"))
+
+
 @pytest.mark.parametrize("ids_kind", ["live", "gaps", "repeated"])
 def test_full_sort_orders_as_lexsort_of_key_descending_then_id(ids_kind, monkeypatch):
     """One stable sort after an id-order scatter for a contiguous range of ids, lexsort otherwise: the same

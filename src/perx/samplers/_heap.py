@@ -185,18 +185,54 @@ def heap_update(keys, ids, pos, state, update_ids, values, next_id, capacity, ra
     return count
 
 
-def full_sort(keys: np.ndarray, ids: np.ndarray, pos: np.ndarray, size: int, capacity: int) -> None:
-    """Sort the heap array in heap order (a sorted array is a valid heap); O(size log size).
+@njit(cache=True, nogil=True)
+def radix_argsort(k):
+    """Stable ascending argsort of uint64 keys (LSD radix sort, 11-bit digits; a pass whose digit is the same
+    for every key is skipped). Overwrites ``k``. O(n) per pass, at most 6 passes; three n-element temporaries."""
+    n = k.shape[0]
+    idx = np.arange(n)
+    tmp_i = np.empty(n, np.int64)
+    tmp_k = np.empty(n, np.uint64)
+    cnt = np.zeros(2048, np.int64)
+    for shift in range(0, 64, 11):
+        sh = np.uint64(shift)
+        cnt[:] = 0
+        for i in range(n):
+            cnt[(k[i] >> sh) & np.uint64(2047)] += 1
+        if cnt.max() == n:
+            continue
+        total = 0
+        for d in range(2048):
+            c = cnt[d]
+            cnt[d] = total
+            total += c
+        for i in range(n):
+            d = (k[i] >> sh) & np.uint64(2047)
+            p = cnt[d]
+            cnt[d] = p + 1
+            tmp_k[p] = k[i]
+            tmp_i[p] = idx[i]
+        k, tmp_k = tmp_k, k
+        idx, tmp_i = tmp_i, idx
+    return idx
 
-    The order of ``np.lexsort((ids, -keys))`` from one stable sort: the heap holds the live ids, a contiguous
-    range, so a scatter puts the positions in id order, and a stable sort by key keeps that order among equal
-    keys (232 -> 130 ms at 1e6 in the benchmark's state). Any other ids: lexsort itself."""
+
+def full_sort(keys: np.ndarray, ids: np.ndarray, pos: np.ndarray, size: int, capacity: int) -> None:
+    """Sort the heap array in heap order (a sorted array is a valid heap); O(size).
+
+    The order of ``np.lexsort((ids, -keys))`` from one stable radix sort: the heap holds the live ids, a
+    contiguous range, so a scatter puts the positions in id order, and a stable sort by key keeps that order
+    among equal keys. Keys >= 0 (never NaN) order as their bits; ``~bits`` of ``|key|`` sorts them descending,
+    with -0.0 equal to +0.0 as in a float comparison (the whole sort 270 -> 95-104 ms at 1e6, 4.5-4.8 -> 1.9-2.6 s
+    at 1e7). Any other ids: lexsort itself."""
     live = ids[:size]
     lo = int(live.min()) if size else 0
     if size and int(live.max()) - lo == size - 1:
         by_id = np.full(size, -1, np.int64)
         by_id[live - lo] = np.arange(size)
-        order = by_id[np.argsort(-keys[:size][by_id], kind="stable")] if (by_id >= 0).all() else None
+        order = None
+        if (by_id >= 0).all():
+            order = by_id[radix_argsort(~np.abs(keys[:size][by_id]).view(np.uint64))]
     else:
         order = None
     if order is None:
