@@ -303,7 +303,7 @@ def test_greedy_matches_a_sorted_list_through_compactions_pending_batches_and_re
     ids up to 40 above the base (a rebase every ~23 adds)."""
     from perx.samplers import _greedy
     if limits == "tiny":
-        monkeypatch.setattr(_greedy, "VERSION_BITS", 2)
+        monkeypatch.setattr(_greedy, "STAMP_BITS", 2)
         monkeypatch.setattr(_greedy, "ID_SPAN", 40)
     cap = 17
     rng = np.random.default_rng(11)
@@ -349,13 +349,15 @@ def test_greedy_matches_a_sorted_list_through_compactions_pending_batches_and_re
     assert buf.sampler.state_dict()[1]["state"][1] == applied  # saved as the heap samplers save it
 
 
-def test_greedy_ranks_a_negative_zero_priority_as_zero_and_keeps_it_as_given():
+def test_greedy_ranks_a_negative_zero_priority_as_zero_and_keeps_it_as_given(tmp_path):
     # keys are compared as the bits of floats >= +0.0, so a raw -0.0 must enter the heap as +0.0
     buf = perx.ReplayBuffer(6, perx.Greedy())
     buf.extend(x=np.arange(6.0))
     buf.set_priorities(np.arange(6), [0.0, -0.0, 0.0, -0.0, 1.0, -0.0])
-    assert buf.sample(6).indices.tolist() == [4, 0, 1, 2, 3, 5]  # equal keys: the older first
-    assert np.signbit(buf.sampler.keys(np.arange(6))).tolist() == [False, True, False, True, False, True]
+    buf.save(tmp_path / "g.npz")
+    for b in (buf, perx.ReplayBuffer.load(tmp_path / "g.npz")):
+        assert np.signbit(b.sampler.keys(np.arange(6))).tolist() == [False, True, False, True, False, True]
+        assert b.sample(6).indices.tolist() == [4, 0, 1, 2, 3, 5]  # equal keys: the older first
 
 
 @pytest.mark.parametrize("copier", ["deepcopy", "pickle", "save"])

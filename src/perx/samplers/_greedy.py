@@ -28,7 +28,7 @@ dropped) and gives every live entry and its slot stamp 0; stamps 1, 2, ... are i
 (Stamps are issued from one counter rather than per slot: an update then writes ``cur[slot]`` without
 reading it first, a cache miss saved per update.) Ids enter a tag as ``id - base`` < 2**(63 - vbits); when
 an id would pass that, a compaction moves ``base`` up to the oldest live id (tags shift by the same amount,
-so the order stays). ``meta[VBITS]`` and ``meta[SPAN]`` hold these limits (set from ``VERSION_BITS`` and
+so the order stays). ``meta[VBITS]`` and ``meta[SPAN]`` hold these limits (set from ``STAMP_BITS`` and
 ``ID_SPAN``), so tests can make both happen within a few steps.
 
 Arrays: ``heap`` int64 [capacity + capacity // 8 + 3, 2]; ``cur`` int32 [capacity] (the stamp of the slot's
@@ -48,8 +48,8 @@ from perx.samplers.base import check_update
 from perx.storage import _gather_rows
 
 HEAP, LIVE, PENDING, UPDATES, STAMP, BASE, VBITS, SPAN = range(8)
-VERSION_BITS = 24  # read by allocate(); tests lower both to make wraps and rebases frequent
-ID_SPAN = 1 << (63 - VERSION_BITS)
+STAMP_BITS = 24  # read by allocate(); tests lower both to make wraps and rebases frequent
+ID_SPAN = 1 << (63 - STAMP_BITS)
 
 
 def allocate(capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -59,7 +59,7 @@ def allocate(capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     skip = (-raw.ctypes.data % 64) // 8
     heap = raw[skip: skip + 2 * rows].reshape(rows, 2)
     meta = np.zeros(8, np.int64)
-    meta[VBITS] = VERSION_BITS
+    meta[VBITS] = STAMP_BITS
     meta[SPAN] = ID_SPAN
     return heap, np.full(capacity, -1, np.int32), np.zeros(capacity), meta
 
@@ -306,7 +306,7 @@ def live_entries(heap, cur, key, meta, pid, pstamp, capacity):
         i = (heap[r, 1] >> bits) + meta[BASE]
         if cur[i % capacity] == heap[r, 1] & mask:
             if j < n:
-                keys[j] = np.int64(heap[r, 0]).view(np.float64)
+                keys[j] = key[i % capacity]  # the key as given (the heap holds a -0.0 as +0.0)
                 ids[j] = i
             j += 1
     for p in range(meta[PENDING]):
