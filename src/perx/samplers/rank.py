@@ -490,7 +490,7 @@ class Greedy(Sampler):
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._heap = _greedy.allocate(self.capacity)[0]  # a copy on a 64-byte boundary again (speed only)
+        self._heap = _greedy.allocate_heap(self.capacity)  # a copy on a 64-byte boundary again (speed only)
         self._heap[:] = state["_heap"]
 
     def _arrays(self):
