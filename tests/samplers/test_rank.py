@@ -215,7 +215,7 @@ def test_greedy_returns_the_true_top_k_with_deterministic_ties():
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_radix_argsort_is_numpys_stable_argsort(seed):
+def test_radix_sort_pairs_is_numpys_stable_argsort(seed):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 3000))
     pools = [rng.integers(0, 2**64, n, dtype=np.uint64),  # every digit varies
@@ -227,20 +227,29 @@ def test_radix_argsort_is_numpys_stable_argsort(seed):
         odd[rng.integers(0, n)] = 7 | (1 << 30)  # one key differs, in one digit: that pass must not be skipped
         pools.append(odd)
     for k in pools:
-        np.testing.assert_array_equal(_heap.radix_argsort(k.copy()), np.argsort(k, kind="stable"))
+        payload = rng.integers(0, 2**32, n, dtype=np.uint32)
+        order = np.argsort(k, kind="stable")
+        got_k, got_payload = _heap.radix_sort_pairs(k.copy(), payload.copy())
+        np.testing.assert_array_equal(got_k, k[order])
+        np.testing.assert_array_equal(got_payload, payload[order])
 
 
-@pytest.mark.parametrize("ids_kind", ["live", "gaps", "repeated"])
-def test_full_sort_orders_as_lexsort_of_key_descending_then_id(ids_kind, monkeypatch):
+@pytest.mark.parametrize("negative_zero", [True, False])
+@pytest.mark.parametrize("ids_kind", ["live", "gaps", "one_gap", "repeated"])
+def test_full_sort_orders_as_lexsort_of_key_descending_then_id(ids_kind, negative_zero, monkeypatch):
     """One stable sort after an id-order scatter for a contiguous range of ids, lexsort otherwise: the same
-    arrays either way, with ties at +inf, 0.0 and -0.0 (equal to 0.0)."""
+    arrays either way, with ties at +inf and 0.0, and -0.0 (equal to 0.0, and kept as -0.0) or not."""
     rng = np.random.default_rng(2)
     cap, size = 500, 430
-    keys = rng.choice([np.inf, 0.0, -0.0, 0.5, 1.0, 2.5], cap) * rng.choice([1.0, 1.0, rng.random()], cap)
+    zeros = [0.0, -0.0] if negative_zero else [0.0]
+    keys = rng.choice([np.inf, *zeros, 0.5, 1.0, 2.5], cap) * rng.choice([1.0, 1.0, rng.random()], cap)
+    assert np.signbit(keys[:size]).any() == negative_zero
     ids = np.zeros(cap, np.int64)
     ids[:size] = rng.permutation(np.arange(1070, 1070 + size))  # the live ids: a contiguous range
     if ids_kind == "gaps":
         ids[:size] = np.sort(rng.choice(np.arange(900, 2000), size, replace=False))
+    elif ids_kind == "one_gap":  # distinct, one id past the range of `size` ids
+        ids[np.argmax(ids[:size])] += 1
     elif ids_kind == "repeated":
         ids[1] = ids[0]
     order = np.lexsort((ids[:size], -keys[:size]))
