@@ -265,23 +265,22 @@ def run(sizes=(100_000, 1_000_000), batch_sizes=(32, 256), blocks=15, calls=200,
                 impl_names.append(impl.name)
         ops = [(f"sample+update B={b}", b, (lambda impl, b=b: (lambda: impl.iteration(b))))
                for b in batch_sizes]
-        ops += [("add (1 row)", None, lambda impl: impl.add),
+        ops += [("full sort (once per sort_every updates)", None, None),
+                ("add (1 row)", None, lambda impl: impl.add),
                 ("extend (256 rows)", None, lambda impl: impl.extend)]
         for op_name, b, make_fn in ops:
-            if op_name.startswith("add") or op_name.startswith("extend"):
-                if n != max(sizes):
-                    continue  # adds are timed once, on the largest buffer
-            fns = {impl.name: make_fn(impl) for impl in impls}
-            k = calls if b is None or b <= 64 else max(20, calls // 4)
-            cells = _interleaved(fns, blocks, k)
-            row = {"op": op_name, "N": n, "cells": {name: c.median for name, c in cells.items()}}
-            rows.append(row)
-            log(format_row(row, impl_names))
-        sorters = [impl for impl in impls if impl.sort is not None]
-        if sorters:
-            # one call each, on a heap the fill shuffled (a second call would find it sorted already)
-            times = {impl.name: _time_block(impl.sort, 1) for impl in sorters}
-            row = {"op": "full sort (once per sort_every updates)", "N": n, "cells": times}
+            if make_fn is None:
+                # before the adds (which put +inf keys into the heap): one call each, on a heap the fill
+                # shuffled (a second call would find it sorted already)
+                sorters = [impl for impl in impls if impl.sort is not None]
+                if not sorters:
+                    continue
+                row = {"op": op_name, "N": n, "cells": {impl.name: _time_block(impl.sort, 1) for impl in sorters}}
+            else:
+                fns = {impl.name: make_fn(impl) for impl in impls}
+                k = calls if b is None or b <= 64 else max(20, calls // 4)
+                cells = _interleaved(fns, blocks, k)
+                row = {"op": op_name, "N": n, "cells": {name: c.median for name, c in cells.items()}}
             rows.append(row)
             log(format_row(row, impl_names))
         del impls
