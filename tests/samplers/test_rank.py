@@ -267,12 +267,64 @@ def test_full_sort_orders_as_lexsort_of_key_descending_then_id(ids_kind, negativ
         np.testing.assert_array_equal(pos[ids[:size] % cap], np.arange(size))
 
 
-def test_batched_heap_kernels_leave_the_arrays_a_sift_per_transition_leaves():
+def test_full_sort_matches_lexsort_on_random_small_heaps_with_heavy_ties():
+    """Capacities 1-12, any size up to full, ids from a contiguous range that starts anywhere (near 0, 2**32,
+    2**40), keys drawn from a few values with +inf, 0.0, -0.0 and a subnormal: keys, ids and positions as
+    lexsort orders them, bit for bit; the slots past `size` untouched."""
+    rng = np.random.default_rng(11)
+    pool = np.array([np.inf, 0.0, -0.0, 0.5, 1.0, 2.5, 5e-324, 1e308])
+    for case in range(3000):
+        cap = int(rng.integers(1, 13))
+        size = int(rng.integers(1, cap + 1)) if case % 4 else cap
+        start = int(rng.choice([0, 5, 2**32 - 3, 2**40 + 12345]))
+        keys = np.full(cap, 7.0)
+        ids = np.full(cap, -5, np.int64)
+        keys[:size] = rng.choice(pool[rng.choice(len(pool), int(rng.integers(1, 5)))], size)
+        ids[:size] = rng.permutation(np.arange(start, start + size))
+        pos = np.full(cap, -1, np.int64)
+        order = np.lexsort((ids[:size], -keys[:size]))
+        expected = keys[:size][order], ids[:size][order]
+        _heap.full_sort(keys, ids, pos, size, cap)
+        assert keys[:size].tobytes() == expected[0].tobytes(), case
+        np.testing.assert_array_equal(ids[:size], expected[1])
+        np.testing.assert_array_equal(pos[ids[:size] % cap], np.arange(size))
+        assert (keys[size:] == 7.0).all() and (ids[size:] == -5).all()
+
+
+@pytest.mark.parametrize("case", ["repeat_in_range", "negative_key", "nan_key"])
+def test_full_sort_takes_lexsort_where_the_one_sort_does_not_apply(case):
+    """A repeated id that keeps max - min == size - 1 (only the seen-check catches it), and keys no way in
+    accepts (negative, NaN): the compiled sort writes nothing and lexsort orders them."""
+    keys = np.array([3.0, 1.0, 2.0, 0.5])
+    ids = np.array([10, 11, 12, 13], np.int64)
+    if case == "repeat_in_range":
+        ids = np.array([10, 11, 11, 13], np.int64)
+    elif case == "negative_key":
+        keys[1] = -1.0
+    else:
+        keys[2] = np.nan
+    order = np.lexsort((ids, -keys))
+    expected_keys, expected_ids = keys[order], ids[order]
+    assert not _heap._sort_live_range(keys.copy(), ids.copy(), np.full(4, -1, np.int64), 4, 4)
+    pos = np.full(4, -1, np.int64)
+    _heap.full_sort(keys, ids, pos, 4, 4)
+    np.testing.assert_array_equal(keys, expected_keys)
+    np.testing.assert_array_equal(ids, expected_ids)
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 8, 1000])
+def test_slot_of_an_id_is_its_remainder_inside_and_outside_the_window(capacity):
+    for base in (0, capacity, 5 * capacity):
+        for i in range(0, base + 3 * capacity + 2):
+            assert _heap._slot(i, base, capacity) == i % capacity, (i, base)
+
+
+@pytest.mark.parametrize("cap", [1, 3, 7, 200])
+def test_batched_heap_kernels_leave_the_arrays_a_sift_per_transition_leaves(cap):
     """heap_add and heap_update write the sift's steps out in their loops (for speed, with the slot of an id
     found without a division); a Python loop calling sift for each transition must leave the same keys, ids
     and positions."""
-    rng = np.random.default_rng(8)
-    cap = 200
+    rng = np.random.default_rng(8 + cap)
     fast = [np.zeros(cap), np.zeros(cap, np.int64), np.full(cap, -1, np.int64), np.zeros(2, np.int64)]
     slow = [a.copy() for a in fast]
     next_id = 0
@@ -280,8 +332,9 @@ def test_batched_heap_kernels_leave_the_arrays_a_sift_per_transition_leaves():
         if step % 3 == 0:
             # every 10th add is larger than the buffer: only its last `cap` ids reach the heap (as the storage
             # passes them), so the heap holds ids more than `cap` apart while they are replaced
-            rows = cap + int(rng.integers(1, 3 * cap)) if step % 30 == 0 else int(rng.integers(1, 30))
-            new = np.arange(next_id, next_id + rows, dtype=np.int64)[-cap:]
+            rows = cap + int(rng.integers(1, 3 * cap + 1)) if step % 30 == 0 else int(rng.integers(1, 30))
+            rows += 2**40 if step == 150 else 0  # one jump of the ids far past the window
+            new = np.arange(next_id + max(0, rows - cap), next_id + rows, dtype=np.int64)
             next_id += rows
             _heap.heap_add(*fast, new % cap, new, cap)
             keys, ids, pos, state = slow

@@ -66,13 +66,16 @@ def sift(keys, ids, pos, h, size, capacity):
 
 @njit(cache=True, nogil=True, inline="always")
 def _slot(i, base, capacity):
-    """``i % capacity`` without a division for an id of the window [base - capacity, base + capacity), base a
-    multiple of capacity (-7% of an update of 256 at 1e6, -13% at 1e7); any other id takes the division."""
+    """``i % capacity`` (i >= 0) without a division for an id of the window [base - capacity, base + capacity),
+    base a multiple of capacity (-7% of an update of 256 at 1e6, -13% at 1e7); any other id takes the
+    division (the kernels have no bounds checks, so a slot must never come out of range)."""
     j = i - base
     if j < 0:
         j += capacity
         if j < 0:
             j = i % capacity
+    elif j >= capacity:
+        j = i % capacity
     return j
 
 
@@ -220,8 +223,8 @@ def radix_sort_pairs(k, idx):
 
 @njit(cache=True, nogil=True)
 def _sort_live_range(keys, ids, pos, size, capacity):
-    """``full_sort`` when the heap's ids are a contiguous range without repeats; returns False, having
-    written nothing, otherwise. The keys are scattered into id order as ``~bits(|key|)`` (keys >= 0, never
+    """``full_sort`` when the heap's ids are a contiguous range without repeats and its keys >= 0; returns
+    False, having written nothing, otherwise. The keys are scattered into id order as ``~bits(|key|)`` (keys >= 0, never
     NaN, order as their bits; -0.0 sorts as +0.0), so one stable sort ascending gives key descending, then
     id ascending; the sorted keys are written back from those bits, or, if some key was -0.0, from a copy."""
     n = size
@@ -239,7 +242,7 @@ def _sort_live_range(keys, ids, pos, size, capacity):
     negative_zero = False
     for i in range(n):
         j = ids[i] - lo
-        if seen[j]:
+        if seen[j] or not keys[i] >= 0.0:  # a repeated id; a negative or NaN key (refused on every way in)
             return False
         seen[j] = True
         negative_zero |= bits[i] == sign
