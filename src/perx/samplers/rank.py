@@ -564,12 +564,11 @@ class Greedy(Sampler):
         keys, ids = _greedy.live_entries(*self._arrays(), cap)
         if len(keys) != self._meta[_greedy.LIVE]:
             raise AssertionError("Greedy: the heap lost a live transition")  # cannot happen; never save it
-        order = np.lexsort((ids, -keys))
-        n = len(order)
+        n = len(keys)
         saved_keys, saved_ids = np.zeros(cap), np.zeros(cap, np.int64)
-        saved_keys[:n], saved_ids[:n] = keys[order], ids[order]
+        saved_keys[:n], saved_ids[:n] = keys, ids
         pos = np.full(cap, -1, np.int64)
-        pos[saved_ids[:n] % cap] = np.arange(n)
+        _heap.full_sort(saved_keys, saved_ids, pos, n, cap)  # RankBased's heap order, positions by slot
         arrays.update(keys=saved_keys, ids=saved_ids, pos=pos,
                       state=np.array([n, self._meta[_greedy.UPDATES]], np.int64))
         return meta, arrays
