@@ -224,9 +224,10 @@ def radix_sort_pairs(k, idx):
 @njit(cache=True, nogil=True)
 def _sort_live_range(keys, ids, pos, size, capacity):
     """``full_sort`` when the heap's ids are a contiguous range without repeats and its keys >= 0; returns
-    False, having written nothing, otherwise. The keys are scattered into id order as ``~bits(|key|)`` (keys >= 0, never
-    NaN, order as their bits; -0.0 sorts as +0.0), so one stable sort ascending gives key descending, then
-    id ascending; the sorted keys are written back from those bits, or, if some key was -0.0, from a copy."""
+    False, having written nothing, otherwise. The keys are scattered into id order as ``~bits(|key|)`` (keys
+    >= 0, never NaN, order as their bits; -0.0 sorts as +0.0), so one stable sort ascending gives key
+    descending, then id ascending; the sorted keys are written back from those bits, or, if some key was
+    -0.0, from a copy."""
     n = size
     lo = ids[0]
     hi = ids[0]
