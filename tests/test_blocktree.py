@@ -75,18 +75,39 @@ def test_masses_start_on_a_cache_line():
         assert _blocktree.aligned_heap(n).ctypes.data % 64 == 0
 
 
-def test_incremental_block_updates_equal_a_rebuild():
-    rng = np.random.default_rng(3)
-    capacity = 3000
+# leaves 8 (the root is the only block), 16 (one level above the blocks), 32, 64 (two, three: one step of two
+# levels, then one alone), 4096 (nine levels: odd) and 8192 (ten: even)
+@pytest.mark.parametrize("capacity", [5, 16, 32, 64, 3000, 4099])
+def test_incremental_block_updates_equal_a_rebuild(capacity):
+    rng = np.random.default_rng(3 + capacity)
     _, block = both(np.ones(capacity))
     heap, mass, nblocks, g = block
     for _ in range(50):
         slots = rng.integers(0, capacity, 64)
+        if rng.random() < 0.5:
+            slots.sort()  # sorted slots share ancestors, which the steps merge
         mass[slots] = rng.random(64) * (rng.random(64) < 0.8)
         _blocktree.propagate(heap, mass, nblocks, g, slots, len(slots))
-    again = np.zeros_like(heap)
-    _blocktree.rebuild(again, mass, nblocks, g)
-    np.testing.assert_array_equal(heap, again)
+        again = np.zeros_like(heap)
+        _blocktree.rebuild(again, mass, nblocks, g)
+        np.testing.assert_array_equal(heap, again)
+
+
+@pytest.mark.parametrize("capacity", [5, 16, 32, 64, 3000, 4099])
+def test_single_slot_update_equals_the_batched_update(capacity):
+    rng = np.random.default_rng(11 + capacity)
+    _, one = both(np.ones(capacity))
+    _, batched = both(np.ones(capacity))
+    for _ in range(300):
+        s = int(rng.integers(0, capacity))
+        value = float(rng.random()) * (rng.random() < 0.9)
+        one[1][s] = batched[1][s] = value
+        _blocktree.propagate_one(*one, s)
+        _blocktree.propagate(*batched, np.array([s]), 1)
+        np.testing.assert_array_equal(one[0], batched[0])
+    again = np.zeros_like(one[0])
+    _blocktree.rebuild(again, one[1], one[2], one[3])
+    np.testing.assert_array_equal(one[0], again)
 
 
 def test_raising_the_smallest_mass_raises_the_root_minimum():

@@ -14,8 +14,9 @@ recomputes the three missing levels' node values the same way before comparing, 
 subtraction of :func:`perx.trees.find_prefix` happens on the same float64 values in the same order. The
 minimum ignores zero masses (+inf), like the min tree's empty leaves.
 
-Costs: a descent O(log M + g), an update O(g + log M) per slot; all kernels are numba, batched level by
-level so the B reads of a level are in flight together.
+Costs: a descent O(log M + g), an update O(g + log M) per slot; all kernels are numba, batched across the
+B slots at each step (two levels per step: a node's four grandchildren are one line) so that the B reads of a
+step are in flight together.
 """
 
 from __future__ import annotations
@@ -130,18 +131,44 @@ def find(heap, mass, nblocks, g, targets, out):
         out[b] = lo
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _up_two(heap, q):
+    """Recompute the two children of node ``q >> 2`` and the node itself from its four grandchildren, rows
+    q..q+3 (q a multiple of 4: one aligned 64-byte line), in the order the level-by-level recomputation adds
+    and compares them, so every value is the same float64."""
+    s0 = heap[q, 0]
+    s1 = heap[q + 1, 0]
+    s2 = heap[q + 2, 0]
+    s3 = heap[q + 3, 0]
+    m0 = heap[q, 1]
+    m1 = heap[q + 1, 1]
+    m2 = heap[q + 2, 1]
+    m3 = heap[q + 3, 1]
+    left = s0 + s1
+    right = s2 + s3
+    lmin = m0 if m0 <= m1 else m1
+    rmin = m2 if m2 <= m3 else m3
+    c = q >> 1
+    heap[c, 0] = left
+    heap[c, 1] = lmin
+    heap[c + 1, 0] = right
+    heap[c + 1, 1] = rmin
+    heap[c >> 1, 0] = left + right
+    heap[c >> 1, 1] = lmin if lmin <= rmin else rmin
+
+
 @njit(cache=True, nogil=True)
 def propagate(heap, mass, nblocks, g, slots, count):
-    """Recompute the blocks of ``slots[:count]`` from their masses, then their ancestors level by level.
+    """Recompute the blocks of ``slots[:count]`` from their masses, then their ancestors up to the root.
 
-    Parents are always recomputed from children, never adjusted by deltas, so nothing drifts. At each level
-    the paths that meet (consecutive entries with the same parent, as sorted slots give) merge into one, so
-    the upper levels cost what their few distinct nodes cost. A sum changes with any new mass and is
-    recomputed up to the root; a minimum is recomputed only above a child whose minimum changed (the rest of
-    its path would be rewritten with the value it already holds).
+    Parents are always recomputed from children, never adjusted by deltas, so nothing drifts. Two levels per
+    step, as the search descends: a node and its two children are recomputed from its four grandchildren,
+    which share one line (a child left as it was is rewritten with the value it holds: a node always equals
+    what its children give). At each step the paths that meet (consecutive entries with the same ancestor, as
+    sorted slots give) merge into one, so the upper levels cost what their few distinct nodes cost. Two
+    levels per step instead of one: 14.9 -> 10.2 us for 256 sorted slots at N = 2^20, 31 -> 21 us at 2^24.
     """
     pos = np.empty(count, np.int64)
-    changed = np.empty(count, np.bool_)  # did the minimum of node pos[i] change
     cnt = 0
     last = -1
     for b in range(count):
@@ -150,36 +177,30 @@ def propagate(heap, mass, nblocks, g, slots, count):
             last = j
             k = nblocks + j
             heap[k, 0] = pair_sum(mass, j * g, g)
-            m = block_min(mass, j * g, g)
-            changed[cnt] = m != heap[k, 1]
-            heap[k, 1] = m
+            heap[k, 1] = block_min(mass, j * g, g)
             pos[cnt] = k
             cnt += 1
     width = nblocks
-    while width > 1:
+    while width >= 4:
         merged = 0
         last = -1
         for b in range(cnt):
-            p = pos[b] >> 1
-            if p != last:
-                last = p
-                pos[merged] = p
-                changed[merged] = changed[b]
+            q = pos[b] & ~3  # the line of four siblings and cousins: grandchildren of pos[b] >> 2
+            if q != last:
+                last = q
+                pos[merged] = q
                 merged += 1
-            elif changed[b]:
-                changed[merged - 1] = True
         cnt = merged
         for b in range(cnt):
-            p = pos[b]
-            k = 2 * p
-            heap[p, 0] = heap[k, 0] + heap[k + 1, 0]
-            if changed[b]:
-                a = heap[k, 1]
-                c = heap[k + 1, 1]
-                m = a if a <= c else c
-                changed[b] = m != heap[p, 1]
-                heap[p, 1] = m
-        width >>= 1
+            q = pos[b]
+            _up_two(heap, q)
+            pos[b] = q >> 2
+        width >>= 2
+    if width == 2 and cnt > 0:  # an odd number of levels below the root: the last one alone
+        heap[1, 0] = heap[2, 0] + heap[3, 0]
+        a = heap[2, 1]
+        c = heap[3, 1]
+        heap[1, 1] = a if a <= c else c
 
 
 @njit(cache=True, nogil=True)
@@ -189,20 +210,17 @@ def propagate_one(heap, mass, nblocks, g, slot):
     j = slot // g
     k = nblocks + j
     heap[k, 0] = pair_sum(mass, j * g, g)
-    m = block_min(mass, j * g, g)
-    changed = m != heap[k, 1]
-    heap[k, 1] = m
-    while k > 1:
-        p = k >> 1
-        c = 2 * p
-        heap[p, 0] = heap[c, 0] + heap[c + 1, 0]
-        if changed:
-            a = heap[c, 1]
-            b = heap[c + 1, 1]
-            m = a if a <= b else b
-            changed = m != heap[p, 1]
-            heap[p, 1] = m
-        k = p
+    heap[k, 1] = block_min(mass, j * g, g)
+    width = nblocks
+    while width >= 4:
+        _up_two(heap, k & ~3)
+        k >>= 2
+        width >>= 2
+    if width == 2:
+        heap[1, 0] = heap[2, 0] + heap[3, 0]
+        a = heap[2, 1]
+        c = heap[3, 1]
+        heap[1, 1] = a if a <= c else c
 
 
 @njit(cache=True, nogil=True)
