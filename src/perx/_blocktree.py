@@ -24,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from perx._prefetch import AHEAD, prefetch
+
 #: Leaves per block: 8 float64 fill one 64-byte cache line.
 GROUP = 8
 
@@ -94,6 +96,8 @@ def find(heap, mass, nblocks, g, targets, out):
         # memory reads. An empty right subtree keeps the draw left (t passes the left one only through
         # rounding then).
         for b in range(n):
+            if b + AHEAD < n:  # the line of a later draw: more misses in flight (perx._prefetch)
+                prefetch(heap, 8 * node[b + AHEAD])
             q = 4 * node[b]
             g0 = heap[q, 0]
             g1 = heap[q + 1, 0]
@@ -118,6 +122,8 @@ def find(heap, mass, nblocks, g, targets, out):
             t[b] = tb - left if right else tb
             node[b] = k + right
     for b in range(n):
+        if b + AHEAD < n:
+            prefetch(mass, (node[b + AHEAD] - nblocks) * g)
         lo = (node[b] - nblocks) * g
         tb = t[b]
         w = g

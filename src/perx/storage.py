@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
+from perx._prefetch import AHEAD, prefetch
 from perx._validation import _short, check_capacity, to_numpy
 
 #: How values are cast into a field: numpy's ``same_kind`` rule, plus a range check. float64 ->
@@ -660,6 +661,10 @@ def _gather_rows(rows64, slots, out, plan):
     words = rows64.shape[1]
     tmp = np.empty(b * words, np.uint64)
     for k in range(b):
+        if k + AHEAD < b:  # a later row's first and last line: more misses in flight (perx._prefetch)
+            ahead = slots[k + AHEAD] * words
+            prefetch(rows64, ahead)
+            prefetch(rows64, ahead + words - 1)
         s = slots[k]
         for j in range(words):
             tmp[k * words + j] = rows64[s, j]

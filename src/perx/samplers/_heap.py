@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from perx._prefetch import AHEAD, prefetch
 from perx.samplers.base import check_update, ids_of_slots
 
 
@@ -90,6 +91,15 @@ def _place(keys, ids, pos, state, slots, new_ids, values, count, capacity, next_
     size = state[0]
     base = next_id - next_id % capacity
     for b in range(count):
+        # perx._prefetch: a later slot's position entry, and (from the entry asked for earlier) its key; a
+        # hint only, so an entry that the sifts before it move does no harm
+        if b + 2 * AHEAD < count:
+            prefetch(pos, slots[b + 2 * AHEAD])
+        if b + AHEAD < count:
+            ahead = pos[slots[b + AHEAD]]
+            if ahead >= 0:
+                prefetch(keys, ahead)
+                prefetch(ids, ahead)
         s = slots[b]
         h = pos[s]
         if adding:

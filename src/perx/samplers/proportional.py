@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from perx import _blocktree
+from perx._prefetch import AHEAD, prefetch_write
 from perx._validation import check_bool, check_choice, check_real
 from perx.samplers.base import Sampler, check_update, raise_bad_update
 from perx.storage import _gather_rows
@@ -134,13 +135,21 @@ def _update(heap, mass, nblocks, g, max_nodes, prio, leaf_base, ids, values, nex
     if not _mass(top, alpha) <= max_mass:
         return BAD_MASS
     oldest = next_id - capacity
+    # each id's slot, -1 if stale (the slot now holds a newer transition): known ahead, so the lines the
+    # writes below need can be asked for AHEAD updates early (perx._prefetch)
+    where = np.empty(n, np.int64)
+    for b in range(n):
+        i = ids[b]
+        where[b] = i % capacity if i >= oldest else -1
     slots = np.empty(n, np.int64)
     count = 0
     for b in range(n):
-        i = ids[b]
-        if i < oldest:
-            continue  # stale: the slot now holds a newer transition
-        s = i % capacity
+        if b + AHEAD < n and where[b + AHEAD] >= 0:
+            prefetch_write(prio, where[b + AHEAD])
+            prefetch_write(mass, where[b + AHEAD])
+        s = where[b]
+        if s < 0:
+            continue
         p = _priority(values[b], raw, eps, floor)
         m = _mass(p, alpha)
         prio[s] = p

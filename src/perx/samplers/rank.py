@@ -27,6 +27,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from perx._prefetch import AHEAD, prefetch
 from perx._validation import check_bool, check_choice, check_optional_positive_int, check_real
 from perx.samplers import _greedy, _heap, _ordered
 from perx.samplers.base import Sampler, check_int, check_update, raise_bad_update
@@ -148,6 +149,8 @@ def _segment_draw_gather(lo, hi, cum_inv, seg, u, beta, use_weights, batch_norm,
                        out[8 * n: 16 * n].view(np.float64), weights)
     slots = np.empty(n, np.int64)
     for b in range(n):
+        if b + AHEAD < n:  # perx._prefetch: more of these random reads in flight
+            prefetch(heap_ids, positions[b + AHEAD])
         i = heap_ids[positions[b]]
         ids[b] = i
         slots[b] = i % capacity
