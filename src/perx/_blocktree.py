@@ -163,6 +163,15 @@ def _up_two(heap, q):
     heap[c >> 1, 1] = lmin if lmin <= rmin else rmin
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _root(heap):
+    """The root from its two children, rows 2 and 3 (the last step of an odd number of levels)."""
+    heap[1, 0] = heap[2, 0] + heap[3, 0]
+    a = heap[2, 1]
+    c = heap[3, 1]
+    heap[1, 1] = a if a <= c else c
+
+
 @njit(cache=True, nogil=True)
 def propagate(heap, mass, nblocks, g, slots, count):
     """Recompute the blocks of ``slots[:count]`` from their masses, then their ancestors up to the root.
@@ -203,10 +212,7 @@ def propagate(heap, mass, nblocks, g, slots, count):
             pos[b] = q >> 2
         width >>= 2
     if width == 2 and cnt > 0:  # an odd number of levels below the root: the last one alone
-        heap[1, 0] = heap[2, 0] + heap[3, 0]
-        a = heap[2, 1]
-        c = heap[3, 1]
-        heap[1, 1] = a if a <= c else c
+        _root(heap)
 
 
 @njit(cache=True, nogil=True)
@@ -223,10 +229,7 @@ def propagate_one(heap, mass, nblocks, g, slot):
         k >>= 2
         width >>= 2
     if width == 2:
-        heap[1, 0] = heap[2, 0] + heap[3, 0]
-        a = heap[2, 1]
-        c = heap[3, 1]
-        heap[1, 1] = a if a <= c else c
+        _root(heap)
 
 
 @njit(cache=True, nogil=True)

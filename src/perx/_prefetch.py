@@ -32,28 +32,24 @@ def _emit(builder, context, aryty, ary, index, write: int) -> None:
     builder.call(fn, [ptr, ir.Constant(i32, write), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
-@intrinsic
-def prefetch(typingctx, arr, index):
-    """Start loading the line of element ``index`` of the C-contiguous array ``arr``'s data (a flat element
-    offset, not bounds-checked: any value is harmless), for reading."""
-    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
-        return None
+def _intrinsic(write: int, doc: str):
+    def hint(typingctx, arr, index):
+        if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
+            return None
 
-    def codegen(context, builder, signature, args):
-        _emit(builder, context, signature.args[0], args[0], args[1], 0)
-        return context.get_dummy_value()
+        def codegen(context, builder, signature, args):
+            _emit(builder, context, signature.args[0], args[0], args[1], write)
+            return context.get_dummy_value()
 
-    return types.void(arr, index), codegen
+        return types.void(arr, index), codegen
+
+    hint.__doc__ = doc
+    return intrinsic(hint)
 
 
-@intrinsic
-def prefetch_write(typingctx, arr, index):
-    """:func:`prefetch` for a line about to be written."""
-    if not isinstance(arr, types.Array) or not isinstance(index, types.Integer):
-        return None
-
-    def codegen(context, builder, signature, args):
-        _emit(builder, context, signature.args[0], args[0], args[1], 1)
-        return context.get_dummy_value()
-
-    return types.void(arr, index), codegen
+#: prefetch(arr, index): start loading the line of element ``index`` of the C-contiguous array ``arr``'s data
+#: (a flat element offset, not bounds-checked: any value is harmless), for reading.
+prefetch = _intrinsic(0, "Start loading the line of flat element ``index`` of C-contiguous ``arr``, for reading.")
+#: prefetch_write(arr, index): :data:`prefetch` for a line about to be written.
+prefetch_write = _intrinsic(1, "Start loading the line of flat element ``index`` of C-contiguous ``arr``, for "
+                               "writing.")
