@@ -214,6 +214,30 @@ def test_a_field_may_use_the_names_a_sampled_batch_keeps_its_ids_under():
     np.testing.assert_array_equal(batch["__perx_ids"], batch.indices * 10)
 
 
+def test_field_names_that_need_quoting_come_back_from_the_one_call_sample_unchanged():
+    # the batch's name -> array dict is built by a function written out for the layout's names (repr-quoted)
+    names = ["it's", 'say "hi"', "back\\slash", "two\nlines", "ünïcode", "{}", "a': 0, 'b"]
+    rng = np.random.default_rng(0)
+    data = {n: rng.standard_normal((40, k + 1)).astype(np.float32) for k, n in enumerate(names)}
+    fused, plain = (perx.ReplayBuffer(40, perx.Proportional(), seed=1) for _ in range(2))
+    plain.sampler.fuses_gather = False
+    for buf in (fused, plain):
+        buf.extend(**data)
+    x, y = fused.sample(16), plain.sample(16)
+    assert list(x.data) == list(y.data) == names
+    for n in names:
+        np.testing.assert_array_equal(x[n], data[n][x.indices])
+        np.testing.assert_array_equal(x[n], y[n])
+
+
+def test_batch_records_are_cached_for_at_most_64_batch_sizes():
+    buf = perx.ReplayBuffer(100, perx.Uniform(), seed=0)
+    buf.extend(x=np.arange(100.0))
+    for b in range(1, 101):
+        np.testing.assert_array_equal(buf.sample(b)["x"].shape, (b,))
+    assert 0 < len(buf._storage._layout.records) <= 64
+
+
 def test_extend_stores_multi_element_fields_from_strided_and_cast_sources():
     rng = np.random.default_rng(0)
     wide = rng.standard_normal((20, 6)).astype(np.float32)
@@ -376,6 +400,7 @@ def test_a_sample_from_a_mixin_or_set_on_the_instance_is_not_bypassed():
     plain.extend(x=np.arange(30.0))
     wrapped = plain.sampler.sample
     plain.sampler.sample = lambda *args: (calls.append(-1), wrapped(*args))[1]
+    assert not plain.sampler.fuses_gather and perx.Uniform().fuses_gather  # set on that instance only
     batch = plain.sample(4)
     assert calls == [5, -1]
     np.testing.assert_array_equal(batch["x"], batch.indices.astype(float))

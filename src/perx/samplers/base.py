@@ -143,6 +143,8 @@ class Sampler:
     def __setattr__(self, name: str, value: Any) -> None:
         if name == "on_add":  # an on_add set on the instance (a wrapper, a mock) must see single adds too
             object.__setattr__(self, "on_add_one", Sampler.on_add_one.__get__(self))
+        elif name == "sample":  # likewise, a sample set on the instance must not be bypassed by the fused path
+            object.__setattr__(self, "fuses_gather", False)
         object.__setattr__(self, name, value)
 
     def sample(self, batch_size: int, beta: float, size: int, next_id: int
@@ -154,7 +156,10 @@ class Sampler:
         """
         raise NotImplementedError
 
-    #: True when :meth:`sample_gather` copies the sampled rows in the same compiled call as the draw.
+    #: True when :meth:`sample_gather` copies the sampled rows in the same compiled call as the draw. False
+    #: for a class whose ``sample`` is redefined below its ``sample_gather`` (``__init_subclass__``) and for an
+    #: instance given a ``sample`` of its own (a wrapper, a mock: ``__setattr__``), which the fused path
+    #: would bypass.
     fuses_gather: ClassVar[bool] = False
 
     def sample_gather(self, batch_size: int, beta: float, size: int, next_id: int, rows64: np.ndarray,
