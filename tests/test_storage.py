@@ -230,6 +230,18 @@ def test_field_names_that_need_quoting_come_back_from_the_one_call_sample_unchan
         np.testing.assert_array_equal(x[n], y[n])
 
 
+def test_a_field_named_by_a_str_subclass_with_its_own_repr_comes_back_under_its_name():
+    class Name(str):
+        def __repr__(self):
+            return "0: print('no')"
+
+    buf = perx.ReplayBuffer(20, perx.Proportional(), seed=0)
+    buf.extend(**{Name("obs"): np.arange(20.0), "r": np.ones(20)})
+    batch = buf.sample(8)
+    assert list(batch.data) == ["obs", "r"]
+    np.testing.assert_array_equal(batch["obs"], batch.indices.astype(float))
+
+
 def test_batch_records_are_cached_for_at_most_64_batch_sizes():
     buf = perx.ReplayBuffer(100, perx.Uniform(), seed=0)
     buf.extend(x=np.arange(100.0))

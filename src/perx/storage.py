@@ -588,11 +588,15 @@ class _RowLayout:
         #: a batch record's ids, probabilities, weights and fields, in one C-level call
         self.pick = operator.itemgetter(*self.extras, *self.names)
         #: ``pick``'s tuple -> the field name -> array dict. Written out as a dict display for the names of
-        #: this layout (~0.2 us against ~0.5 for ``dict(zip(...))`` of six fields); repr() quotes each name,
-        #: and only string names reach it (others make the layout ``loose``, with no batch records).
+        #: this layout (~0.2 us against ~0.5 for ``dict(zip(...))`` of six fields); str.__repr__ quotes each
+        #: name (a str subclass's own __repr__ is not trusted), and only string names reach it (others make
+        #: the layout ``loose``, with no batch records).
         names = self.names
-        self.as_dict = (eval("lambda a: {" + "".join(f"{n!r}: a[{k + 3}], " for k, n in enumerate(names)) + "}")
-                        if not self.loose else lambda a: dict(zip(names, a[3:], strict=True)))
+        if self.loose:
+            self.as_dict = lambda a: dict(zip(names, a[3:], strict=True))
+        else:
+            code = "".join(f"{str.__repr__(n)}: a[{k + 3}], " for k, n in enumerate(names))
+            self.as_dict = eval(f"lambda a: {{{code}}}")
 
     def fits(self, b: int) -> bool:
         """Whether a batch of b is gathered by the compiled row copy: rows of at most 512 bytes, and a batch
