@@ -370,7 +370,8 @@ class ReplayBuffer:
         sampler = self.sampler
         if replace is True:
             # One compiled call draws and copies the rows where the sampler and the layout allow it.
-            # (inlined Storage.batch_bytes, split and fields: three calls cost ~1 us at B = 1)
+            # (Storage.batch_bytes, split and fields inlined, and the cache of layout.record read first: those
+            # calls cost ~1 us at B = 1)
             layout = storage._layout
             rec = layout.records.get(batch_size, False)
             if rec is False:

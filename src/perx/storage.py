@@ -395,27 +395,26 @@ class Storage:
         [0, capacity). B < 16, rows over 512 bytes and layouts with fields kept apart use numpy per field.
         O(B * row_bytes)."""
         layout = self._layout
-        if layout.loose or slots.shape[0] < _KERNEL_GATHER_MIN or not layout.fits(slots.shape[0]):
-            return {name: arr[slots] for name, arr in self.data.items()}
         b = slots.shape[0]
-        raw = np.empty(layout.batch_dtype(b).itemsize, np.uint8)
+        rec = layout.record(b) if b >= _KERNEL_GATHER_MIN else None
+        if rec is None:
+            return {name: arr[slots] for name, arr in self.data.items()}
+        raw = np.empty(rec[0], np.uint8)
         _gather_rows(self._rows64, slots, raw[24 * b:], layout.plan)  # the first 24 * b bytes stay unused here
-        return self.fields(self.split(raw, b))
+        return self.fields(layout.pick(np.ndarray((), rec[1], raw)))
 
     def batch_bytes(self, b: int) -> np.ndarray | None:
         """New uint8 bytes for a sampler's compiled call to fill with a batch of b (``Sampler.sample_gather``:
         ids, probabilities and weights, then the fields; see ``_RowLayout.batch_dtype``; :meth:`split` reads
         it), or None where numpy's per-field gather is used instead (fields kept apart, rows over 512 bytes)."""
-        rec = self._layout.records.get(b, False)
-        if rec is False:
-            rec = self._layout.record(b)
+        rec = self._layout.record(b)
         return None if rec is None else np.empty(rec[0], np.uint8)
 
     def split(self, raw: np.ndarray, b: int) -> tuple[np.ndarray, ...]:
         """(ids, probabilities, weights, then the fields [B, *shape] in spec order) of a filled
         :meth:`batch_bytes`: views into it."""
         layout = self._layout
-        return layout.pick(np.ndarray((), layout.batch_dtype(b), raw))
+        return layout.pick(np.ndarray((), layout.record(b)[1], raw))
 
     def fields(self, arrays: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
         """The field name -> array dict of :meth:`split`'s arrays."""
@@ -575,7 +574,6 @@ class _RowLayout:
         # (rows: byte offset, bytes, unit; one column per field), the gather kernels' one argument for the layout
         self.plan = np.array([[self.offset.get(n, 0) for n in self.names], [sizes[n] for n in self.names],
                               [_unit(self.offset.get(n, 0), sizes[n]) for n in self.names]], np.int64)
-        self._dtypes: dict[int, np.dtype] = {}
         #: B -> (bytes, :meth:`batch_dtype`) of a batch record, or None where B rows are gathered by numpy;
         #: the cached answer of :meth:`record`, read first by ``ReplayBuffer.sample`` (one dict lookup)
         self.records: dict[int, tuple[int, np.dtype] | None] = {}
@@ -609,34 +607,30 @@ class _RowLayout:
         """(bytes, dtype) of the batch record of b rows for a sampler's compiled draw and copy
         (``Sampler.sample_gather``), or None where numpy's per-field gather is used instead (fields kept
         apart, rows over 512 bytes, records over 1 GiB). Cached in ``records`` (at most 64 batch sizes)."""
-        rec = None
-        if not self.loose and self.fits(b):
-            dt = self.batch_dtype(b)
-            rec = (dt.itemsize, dt)
-        if len(self.records) >= 64:
-            self.records.clear()
-        self.records[b] = rec
+        rec = self.records.get(b, False)
+        if rec is False:
+            rec = None
+            if not self.loose and self.fits(b):
+                dt = self.batch_dtype(b)
+                rec = (dt.itemsize, dt)
+            if len(self.records) >= 64:
+                self.records.clear()
+            self.records[b] = rec
         return rec
 
     def batch_dtype(self, b: int) -> np.dtype:
         """A structured dtype holding a sampled batch of b: first ids (int64 [b]), probabilities and weights
         (float64 [b]) under the names ``self.extras``, then field f as a C-ordered [b, *shape] block starting at
-        a multiple of 8 bytes, in spec order (cached per b; at most 64 batch sizes are kept)."""
-        dt = self._dtypes.get(b)
-        if dt is None:
-            names = [*self.extras, *self.names]
-            offsets = [0, 8 * b, 16 * b]
-            formats = [(np.int64, (b,)), (np.float64, (b,)), (np.float64, (b,))]
-            pos = 24 * b
-            for n in self.names:
-                offsets.append(pos)
-                formats.append((self.spec[n].dtype, (b, *self.spec[n].shape)))
-                pos += -(-b * self.size[n] // 8) * 8
-            dt = np.dtype({"names": names, "offsets": offsets, "itemsize": pos, "formats": formats})
-            if len(self._dtypes) >= 64:
-                self._dtypes.clear()
-            self._dtypes[b] = dt
-        return dt
+        a multiple of 8 bytes, in spec order (built anew: :meth:`record` caches it)."""
+        names = [*self.extras, *self.names]
+        offsets = [0, 8 * b, 16 * b]
+        formats = [(np.int64, (b,)), (np.float64, (b,)), (np.float64, (b,))]
+        pos = 24 * b
+        for n in self.names:
+            offsets.append(pos)
+            formats.append((self.spec[n].dtype, (b, *self.spec[n].shape)))
+            pos += -(-b * self.size[n] // 8) * 8
+        return np.dtype({"names": names, "offsets": offsets, "itemsize": pos, "formats": formats})
 
 
 def _unit(offset: int, size: int) -> int:
