@@ -268,20 +268,21 @@ def test_full_sort_orders_as_lexsort_of_key_descending_then_id(ids_kind, negativ
 
 
 def test_full_sort_matches_lexsort_on_random_small_heaps_with_heavy_ties():
-    """Capacities 1-12, any size up to full, ids from a contiguous range that starts anywhere (near 0, 2**32,
-    2**40), keys drawn from a few values with +inf, 0.0, -0.0 and a subnormal: keys, ids and positions as
-    lexsort orders them, bit for bit; the slots past `size` untouched."""
+    """Capacities 1-79, sizes up to 12 or full, ids from a contiguous range that starts anywhere (near 0,
+    2**32, 2**40), keys drawn from a few values with +inf, 0.0, -0.0 and a subnormal: keys, ids and positions
+    as lexsort orders them, bit for bit; the slots past `size`, and the positions of slots that hold no live
+    id, untouched."""
     rng = np.random.default_rng(11)
     pool = np.array([np.inf, 0.0, -0.0, 0.5, 1.0, 2.5, 5e-324, 1e308])
     for case in range(3000):
-        cap = int(rng.integers(1, 13))
-        size = int(rng.integers(1, cap + 1)) if case % 4 else cap
+        cap = int(rng.integers(1, 13)) if case % 3 else int(rng.integers(13, 80))
+        size = int(rng.integers(1, min(cap, 12) + 1)) if case % 4 else cap
         start = int(rng.choice([0, 5, 2**32 - 3, 2**40 + 12345]))
         keys = np.full(cap, 7.0)
         ids = np.full(cap, -5, np.int64)
         keys[:size] = rng.choice(pool[rng.choice(len(pool), int(rng.integers(1, 5)))], size)
         ids[:size] = rng.permutation(np.arange(start, start + size))
-        pos = np.full(cap, -1, np.int64)
+        pos = np.full(cap, -9, np.int64)  # a sentinel: the slots of no live id must keep it
         order = np.lexsort((ids[:size], -keys[:size]))
         expected = keys[:size][order], ids[:size][order]
         _heap.full_sort(keys, ids, pos, size, cap)
@@ -289,9 +290,39 @@ def test_full_sort_matches_lexsort_on_random_small_heaps_with_heavy_ties():
         np.testing.assert_array_equal(ids[:size], expected[1])
         np.testing.assert_array_equal(pos[ids[:size] % cap], np.arange(size))
         assert (keys[size:] == 7.0).all() and (ids[size:] == -5).all()
+        others = np.setdiff1d(np.arange(cap), ids[:size] % cap)
+        assert (pos[others] == -9).all(), case
 
 
-@pytest.mark.parametrize("case", ["repeat_in_range", "negative_key", "nan_key"])
+@pytest.mark.parametrize("varying", [(), (0,), (1, 3), (0, 2, 3), (0, 1, 2, 3)])
+def test_full_sort_ends_in_place_whatever_the_number_of_radix_passes(varying):
+    """The sort's payloads start in the half of ``ids`` where its passes end in the upper one: keys that
+    differ in exactly 0-4 of the 12-bit digits (an even and an odd number of passes) are ordered as lexsort
+    orders them, with the slots past ``size`` untouched."""
+    rng = np.random.default_rng(len(varying))
+    cap, size = 3000, 2900
+    bits = np.full(size, np.float64(1.5).view(np.uint64))
+    for p in varying:  # the digits of the mantissa: any value there is a finite positive float
+        bits |= rng.integers(0, 4096, size, dtype=np.uint64) << np.uint64(12 * p)
+    keys = np.full(cap, 9.0)
+    keys[:size] = bits.view(np.float64)
+    ids = np.full(cap, -3, np.int64)
+    ids[:size] = rng.permutation(np.arange(70, 70 + size))
+    flipped = ~bits  # the sort's own keys, in some order: the digits that differ are the ones that vary
+    assert _heap.active_digits(_heap.digit_counts(flipped), size) == len(varying)
+    order = np.lexsort((ids[:size], -keys[:size]))
+    expected_keys, expected_ids = keys[:size][order], ids[:size][order]
+    pos = np.full(cap, -1, np.int64)
+    assert _heap._sort_live_range(keys, ids, pos, size, cap)
+    assert keys[:size].tobytes() == expected_keys.tobytes()
+    np.testing.assert_array_equal(ids[:size], expected_ids)
+    np.testing.assert_array_equal(pos[ids[:size] % cap], np.arange(size))
+    assert (keys[size:] == 9.0).all() and (ids[size:] == -3).all()
+    empty = np.setdiff1d(np.arange(cap), ids[:size] % cap)
+    assert len(empty) == cap - size and (pos[empty] == -1).all()
+
+
+@pytest.mark.parametrize("case", ["repeat_in_range", "negative_key", "nan_key", "one_gap", "negative_subnormal"])
 def test_full_sort_takes_lexsort_where_the_one_sort_does_not_apply(case):
     """A repeated id that keeps max - min == size - 1 (only the seen-check catches it), and keys no way in
     accepts (negative, NaN): the compiled sort writes nothing and lexsort orders them."""
@@ -301,15 +332,62 @@ def test_full_sort_takes_lexsort_where_the_one_sort_does_not_apply(case):
         ids = np.array([10, 11, 11, 13], np.int64)
     elif case == "negative_key":
         keys[1] = -1.0
+    elif case == "one_gap":  # distinct ids, one past the range of four
+        ids = np.array([10, 11, 12, 14], np.int64)
+    elif case == "negative_subnormal":
+        keys[3] = -5e-324
     else:
         keys[2] = np.nan
     order = np.lexsort((ids, -keys))
     expected_keys, expected_ids = keys[order], ids[order]
-    assert not _heap._sort_live_range(keys.copy(), ids.copy(), np.full(4, -1, np.int64), 4, 4)
+    before = keys.tobytes(), ids.tobytes()
     pos = np.full(4, -1, np.int64)
+    assert not _heap._sort_live_range(keys, ids, pos, 4, 4)
+    assert (keys.tobytes(), ids.tobytes()) == before and (pos == -1).all()  # nothing written
     _heap.full_sort(keys, ids, pos, 4, 4)
     np.testing.assert_array_equal(keys, expected_keys)
     np.testing.assert_array_equal(ids, expected_ids)
+
+
+@pytest.mark.parametrize("kind", ["strided_ids", "int32_ids", "strided_keys"])
+def test_full_sort_takes_lexsort_for_arrays_the_fast_path_cannot_use_as_scratch(kind, monkeypatch):
+    """The fast path reuses the heap's memory by word (ids as uint32 halves), so ids that are strided or not
+    int64, and keys that are strided, are sorted by lexsort (the fast path is never called): the same order,
+    nothing written past them."""
+
+    def fast_path(*args):
+        raise AssertionError("the fast path was called")
+
+    monkeypatch.setattr(_heap, "_sort_live_range", fast_path)
+    rng = np.random.default_rng(5)
+    n = 9
+    keys = rng.choice([0.5, 1.0, np.inf], n)
+    ids = rng.permutation(np.arange(40, 40 + n)).astype(np.int64)
+    order = np.lexsort((ids, -keys))
+    expected_keys, expected_ids = keys[order], ids[order]
+    backing = np.full(2 * n, 777, np.int64 if kind != "int32_ids" else np.int32)
+    if kind == "strided_ids":
+        ids_arg = backing[::2]
+        ids_arg[:] = ids
+    elif kind == "int32_ids":
+        ids_arg = backing[:n]
+        ids_arg[:] = ids
+    else:
+        ids_arg = ids.copy()
+    keys_backing = np.full(2 * n, 3.0)
+    keys_arg = keys_backing[::2] if kind == "strided_keys" else keys_backing[:n]
+    keys_arg[:] = keys
+    pos = np.full(n, -1, np.int64)
+    _heap.full_sort(keys_arg, ids_arg, pos, n, n)
+    np.testing.assert_array_equal(keys_arg, expected_keys)
+    np.testing.assert_array_equal(ids_arg, expected_ids)
+    np.testing.assert_array_equal(pos[ids_arg % n], np.arange(n))
+    if kind == "int32_ids":
+        assert (backing[n:] == 777).all()
+    elif kind == "strided_ids":
+        assert (backing[1::2] == 777).all()
+    if kind == "strided_keys":
+        assert (keys_backing[1::2] == 3.0).all()
 
 
 @pytest.mark.parametrize("capacity", [1, 3, 8, 1000])

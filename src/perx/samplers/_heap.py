@@ -195,40 +195,76 @@ def heap_update(keys, ids, pos, state, update_ids, values, next_id, capacity, ra
     return count
 
 
+#: Radix digit width of the full sort: 12 bits, six digits for a 64-bit key (4096 counters per digit, 32 KiB
+#: each). 11 and 13 bits measured the same within 2% at 1e6 and 1e7 (ad-hoc ``/work/proto/session13/sortnew5.py``).
+_DIGIT = 12
+_DIGITS = 6
+_MASK = (1 << _DIGIT) - 1
+
+
 @njit(cache=True, nogil=True)
-def radix_sort_pairs(k, idx):
-    """Stable ascending sort of the uint64 keys ``k`` carrying the uint32 payload ``idx`` (LSD radix sort,
-    11-bit digits; one read for the six digits' counts, and a pass whose digit is the same for every key is
-    skipped). Returns the sorted (keys, payloads), which may be the input arrays overwritten. O(n) per pass,
-    at most 6 passes; two n-element temporaries."""
-    n = k.shape[0]
-    cnt = np.zeros((6, 2048), np.int64)
-    for i in range(n):
+def digit_counts(k):
+    """How many of the uint64 keys ``k`` have each value of each 12-bit digit: int64 [6, 4096]. One read."""
+    cnt = np.zeros((_DIGITS, _MASK + 1), np.int64)
+    for i in range(k.shape[0]):
         x = k[i]
-        for p in range(6):
-            cnt[p, (x >> np.uint64(11 * p)) & np.uint64(2047)] += 1
-    tmp_k = np.empty(n, np.uint64)
-    tmp_i = np.empty(n, np.uint32)
-    for p in range(6):
+        for p in range(_DIGITS):
+            cnt[p, (x >> np.uint64(_DIGIT * p)) & np.uint64(_MASK)] += 1
+    return cnt
+
+
+@njit(cache=True, nogil=True)
+def active_digits(cnt, n):
+    """How many digits of :func:`digit_counts` differ between keys: the passes :func:`radix_passes` makes."""
+    active = 0
+    for p in range(_DIGITS):
+        if cnt[p].max() < n:
+            active += 1
+    return active
+
+
+@njit(cache=True, nogil=True)
+def radix_passes(k, tmp, payload, src, cnt):
+    """Stable ascending LSD radix sort of the n uint64 keys ``k`` carrying the uint32 payloads
+    ``payload[src:src + n]``, with the counts ``cnt`` of :func:`digit_counts` (consumed).
+
+    ``tmp`` (uint64 [n]) and the other half of ``payload`` (uint32 [>= 2n], ``src`` 0 or n) are the scratch
+    the passes alternate with; a digit that is the same for every key costs no pass, so after
+    :func:`active_digits` passes the payloads lie in the half ``src`` did not start in when that count is odd.
+    Returns (the sorted keys, which are ``k`` or ``tmp``; the offset of the sorted payloads). O(n) per pass,
+    at most 6 passes."""
+    n = k.shape[0]
+    for p in range(_DIGITS):
         c = cnt[p]
         if c.max() == n:
             continue
         total = 0
-        for d in range(2048):
+        for d in range(_MASK + 1):
             t = c[d]
             c[d] = total
             total += t
-        sh = np.uint64(11 * p)
+        sh = np.uint64(_DIGIT * p)
+        dst = n - src
         for i in range(n):
             x = k[i]
-            d = (x >> sh) & np.uint64(2047)
+            d = (x >> sh) & np.uint64(_MASK)
             q = c[d]
             c[d] = q + 1
-            tmp_k[q] = x
-            tmp_i[q] = idx[i]
-        k, tmp_k = tmp_k, k
-        idx, tmp_i = tmp_i, idx
-    return k, idx
+            tmp[q] = x
+            payload[dst + q] = payload[src + i]
+        k, tmp = tmp, k
+        src = dst
+    return k, src
+
+
+def radix_sort_pairs(k: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stable ascending sort of the uint64 keys ``k`` carrying the uint32 payload ``idx``: (sorted keys,
+    payloads), new arrays or ``k`` overwritten. :func:`radix_passes` with scratch of its own."""
+    n = k.shape[0]
+    payload = np.empty(2 * n, np.uint32)
+    payload[:n] = idx
+    keys, at = radix_passes(k, np.empty(n, np.uint64), payload, 0, digit_counts(k))
+    return keys, payload[at:at + n]
 
 
 @njit(cache=True, nogil=True)
@@ -237,7 +273,16 @@ def _sort_live_range(keys, ids, pos, size, capacity):
     False, having written nothing, otherwise. The keys are scattered into id order as ``~bits(|key|)`` (keys
     >= 0, never NaN, order as their bits; -0.0 sorts as +0.0), so one stable sort ascending gives key
     descending, then id ascending; the sorted keys are written back from those bits, or, if some key was
-    -0.0, from a copy."""
+    -0.0, from a copy.
+
+    Once scattered, ``keys[:size]`` and ``ids[:size]`` are the sort's scratch (``ids[:size]`` as two halves of
+    uint32 payloads), so besides the id-order keys it allocates only the id check's flags (n bytes), the digit
+    counts and, if some key is -0.0, the keys' copy: no payload arrays. The caller passes only C-contiguous
+    int64 ``ids`` and float64 ``keys`` (``full_sort`` checks). With the 12-bit digits, the
+    whole ``RankBased.sort``: 916 -> ~754 ms at 1e7, ~42 -> ~30 ms at 1e6 (ad-hoc
+    ``/work/proto/session13/sortp.py``, five runs each; the same arrays bit for bit). The payloads
+    start in the half where the passes end in the upper one: writing ``ids[q]`` then overwrites only the
+    payload words of positions <= q, already read."""
     n = size
     lo = ids[0]
     hi = ids[0]
@@ -247,7 +292,7 @@ def _sort_live_range(keys, ids, pos, size, capacity):
     if hi - lo != n - 1 or n >= 2**32:
         return False
     sign = np.uint64(1) << np.uint64(63)
-    bits = keys[:n].view(np.uint64)
+    bits = keys.view(np.uint64)
     k = np.empty(n, np.uint64)
     seen = np.zeros(n, np.bool_)
     negative_zero = False
@@ -261,26 +306,35 @@ def _sort_live_range(keys, ids, pos, size, capacity):
     by_id = np.empty(n if negative_zero else 0, np.float64)
     for i in range(by_id.shape[0]):
         by_id[ids[i] - lo] = keys[i]
-    k, idx = radix_sort_pairs(k, np.arange(n).astype(np.uint32))
+    cnt = digit_counts(k)
+    payload = ids.view(np.uint32)  # words [0, 2n) are ids[:n]: free from here on
+    src = n if active_digits(cnt, n) % 2 == 0 else 0
+    for i in range(n):
+        payload[src + i] = i
+    k, at = radix_passes(k, bits[:n], payload, src, cnt)
     for q in range(n):
+        m = payload[at + q]  # at == n; read before ids[q] overwrites words 2q and 2q + 1 (<= n + q)
         if negative_zero:
-            keys[q] = by_id[idx[q]]
+            keys[q] = by_id[m]
         else:
             bits[q] = ~k[q]
-        v = lo + np.int64(idx[q])
+        v = lo + np.int64(m)
         ids[q] = v
         pos[v % capacity] = q
     return True
 
 
 def full_sort(keys: np.ndarray, ids: np.ndarray, pos: np.ndarray, size: int, capacity: int) -> None:
-    """Sort the heap array in heap order (a sorted array is a valid heap); O(size).
+    """Sort the heap array in heap order (a sorted array is a valid heap); O(size) on the fast path below,
+    O(size log size) by lexsort otherwise.
 
     The order of ``np.lexsort((ids, -keys))``: the heap holds the live ids, a contiguous range, so a
     scatter puts the keys in id order, and one stable radix sort by key keeps that order among equal keys
-    (``_sort_live_range``, one compiled call: the whole sort 270 -> 95-104 -> ~50 ms at 1e6). Any other
-    ids: lexsort itself."""
-    if size and _sort_live_range(keys, ids, pos, size, capacity):
+    (``_sort_live_range``, one compiled call: the whole sort 270 -> 95-104 -> ~50 -> ~30 ms at 1e6). Any other
+    ids, and arrays that are not C-contiguous int64 ids and float64 keys (the fast path uses their memory as
+    scratch by word): lexsort itself."""
+    if (size and ids.dtype == np.int64 and keys.dtype == np.float64 and ids.flags.c_contiguous
+            and keys.flags.c_contiguous and _sort_live_range(keys, ids, pos, size, capacity)):
         return
     order = np.lexsort((ids[:size], -keys[:size]))
     keys[:size] = keys[:size][order]
