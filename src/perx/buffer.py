@@ -39,6 +39,9 @@ from perx.storage import FieldSpec, Storage, _parse_spec
 # ``dtype == np.int64``; an equal dtype that is another object takes the general checks
 _INT64 = np.dtype(np.int64)
 _FLOAT64 = np.dtype(np.float64)
+# add's id array: np.empty and a store take ~0.15 us against ~0.25 for np.array([i], np.int64)
+_empty = np.empty
+_int64 = np.int64
 
 FORMAT = "perx.ReplayBuffer"
 #: Version 2 (perx 0.2) saves only primary sampler state (no tree nodes) and RankBased's segment cache.
@@ -208,7 +211,9 @@ class ReplayBuffer:
             i = self._storage.write_one(transition)
             if i is not None:  # the common case: values that need no conversion check
                 self.sampler.on_add_one(i % self._storage.capacity, i)
-                return np.array([i], np.int64)
+                ids = _empty(1, _int64)
+                ids[0] = i
+                return ids
         return self._write(transition, stream, batched=False)
 
     def extend(self, *, stream: Any = None, **transitions: Any) -> np.ndarray:
@@ -370,7 +375,7 @@ class ReplayBuffer:
         sampler = self.sampler
         if replace is True:
             # One compiled call draws and copies the rows where the sampler and the layout allow it.
-            # (Storage.batch_bytes, split and fields inlined, and the cache of layout.record read first: those
+            # (Storage.batch_bytes and fields inlined, and the cache of layout.record read first: those
             # calls cost ~1 us at B = 1)
             layout = storage._layout
             rec = layout.records.get(batch_size, False)

@@ -405,19 +405,14 @@ class Storage:
 
     def batch_bytes(self, b: int) -> np.ndarray | None:
         """New uint8 bytes for a sampler's compiled call to fill with a batch of b (``Sampler.sample_gather``:
-        ids, probabilities and weights, then the fields; see ``_RowLayout.batch_dtype``; :meth:`split` reads
-        it), or None where numpy's per-field gather is used instead (fields kept apart, rows over 512 bytes)."""
+        ids, probabilities and weights, then the fields; see ``_RowLayout.batch_dtype``, whose views
+        ``_RowLayout.pick`` takes), or None where numpy's per-field gather is used instead (fields kept apart,
+        rows over 512 bytes)."""
         rec = self._layout.record(b)
         return None if rec is None else np.empty(rec[0], np.uint8)
 
-    def split(self, raw: np.ndarray, b: int) -> tuple[np.ndarray, ...]:
-        """(ids, probabilities, weights, then the fields [B, *shape] in spec order) of a filled
-        :meth:`batch_bytes`: views into it."""
-        layout = self._layout
-        return layout.pick(np.ndarray((), layout.record(b)[1], raw))
-
     def fields(self, arrays: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
-        """The field name -> array dict of :meth:`split`'s arrays."""
+        """The field name -> array dict of ``_RowLayout.pick``'s arrays (ids, probabilities, weights, fields)."""
         return self._layout.as_dict(arrays)
 
 

@@ -197,10 +197,11 @@ def _add(heap, mass, nblocks, g, max_nodes, prio, leaf_base, slots, alpha, state
 
 
 @njit(cache=True, nogil=True)
-def _add_one(heap, mass, nblocks, g, prio, slot, p, alpha):
-    """:func:`_add` of one slot without the max tree (``max_priority="historical"``): p is the priority every
-    new transition gets. The same float64 operations as ``_add`` of ``[slot]``, so the trees end bit for bit
-    the same."""
+def _add_one(heap, mass, nblocks, g, prio, slot, state, alpha):
+    """:func:`_add` of one slot without the max tree (``max_priority="historical"``): ``state[0]`` is the
+    priority every new transition gets (read here: ``state[0]`` in Python costs ~60 ns). The same float64
+    operations as ``_add`` of ``[slot]``, so the trees end bit for bit the same."""
+    p = state[0]
     prio[slot] = p
     mass[slot] = _mass(p, alpha)
     _blocktree.propagate_one(heap, mass, nblocks, g, slot)
@@ -319,8 +320,7 @@ class Proportional(Sampler):
             super().on_add_one(slot, id)
             return
         # one compiled call of 8 arguments, no arrays made: ~0.4 us instead of ~1.3 for on_add
-        _add_one(self._heap, self._mass, self._nblocks, self._g, self._priority, slot, self._state[0],
-                 self.alpha)
+        _add_one(self._heap, self._mass, self._nblocks, self._g, self._priority, slot, self._state, self.alpha)
 
     def _no_mass(self, size: int, what: str) -> ValueError:
         largest = float(self._priority[:size].max())
