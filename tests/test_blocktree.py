@@ -35,10 +35,50 @@ def test_block_heap_equals_the_full_trees_upper_levels_bit_for_bit(capacity):
     masses[0] = 0.5  # at least one positive mass
     full, block = both(masses)
     heap, _, nblocks, _ = block
-    # the full tree's level holding nblocks nodes and every level above it are the block heap's sums
-    np.testing.assert_array_equal(heap[1:, 0], full.nodes[1 : 2 * nblocks])
+    # the rows the block heap keeps (the blocks, every second level above them, the root) hold the full
+    # tree's sums of those nodes
+    rows = _blocktree.maintained_rows(nblocks)
+    np.testing.assert_array_equal(heap[rows, 0], full.nodes[rows])
     positive = masses[masses > 0]
     assert heap[1, 1] == positive.min()
+
+
+@pytest.mark.parametrize("nblocks, expected", [(1, [1]), (2, [1, 2, 3]), (4, [1, 4, 5, 6, 7]),
+                                               (8, [1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15])])
+def test_maintained_rows_are_the_blocks_every_second_level_above_them_and_the_root(nblocks, expected):
+    assert _blocktree.maintained_rows(nblocks).tolist() == expected
+
+
+@pytest.mark.parametrize("capacity", [1, 9, 17, 64, 1000, 4099, 9000])
+def test_searches_and_updates_never_read_the_levels_that_are_not_kept(capacity):
+    """The rows outside maintained_rows set to NaN before the trees are built and updated, and before
+    every search: the same slots as the full tree's search, and the kept rows as a rebuild gives them."""
+    rng = np.random.default_rng(capacity)
+    masses = rng.random(capacity) * (rng.random(capacity) < 0.9)
+    masses[0] = 0.25
+    full, (heap, mass, nblocks, g) = both(np.zeros(capacity))
+    free = np.setdiff1d(np.arange(2 * nblocks), _blocktree.maintained_rows(nblocks))
+    free = free[free > 0]  # row 0 is never a node
+    heap[free] = np.nan
+    mass[:capacity] = masses
+    _blocktree.propagate(heap, mass, nblocks, g, np.arange(capacity), capacity)
+    full.set(np.arange(capacity), masses)
+    for _ in range(20):
+        slots = np.sort(rng.integers(0, capacity, 16))
+        values = rng.random(16)
+        mass[slots] = values
+        full.set(slots, values)
+        _blocktree.propagate(heap, mass, nblocks, g, slots, 16)
+        s = int(rng.integers(0, capacity))
+        mass[s] = full_value = float(rng.random())
+        full.set(np.array([s]), np.array([full_value]))
+        _blocktree.propagate_one(heap, mass, nblocks, g, s)
+        assert np.isnan(heap[free]).all()  # never written either
+        targets = rng.random(64) * heap[1, 0]
+        np.testing.assert_array_equal(block_find((heap, mass, nblocks, g), targets), full.find(targets))
+    again = np.full_like(heap, np.nan)
+    _blocktree.rebuild(again, mass, nblocks, g)
+    np.testing.assert_array_equal(heap[1:], again[1:])  # NaN where not kept, equal elsewhere
 
 
 @pytest.mark.parametrize("capacity", [1, 3, 8, 17, 1000, 4099])

@@ -14,6 +14,13 @@ recomputes the three missing levels' node values the same way before comparing, 
 subtraction of :func:`perx.trees.find_prefix` happens on the same float64 values in the same order. The
 minimum ignores zero masses (+inf), like the min tree's empty leaves.
 
+Only every other level above the blocks is kept (:func:`maintained_rows`): the blocks, the levels two, four,
+... above them, and the root. A search reads a node's four grandchildren (one line) and forms the children's
+sums from them, so it never needs the levels in between; where the blocks lie an odd number of levels below
+the root, it takes its one-level step at the top, from the root's two children. An update then writes one
+line per two levels instead of two (the children's rows were a second line), and a search's last step lands
+on the blocks' line without reading the level above it: at 1e6 and 1e7, one line less per draw.
+
 Costs: a descent O(log M + g), an update O(g + log M) per slot; all kernels are numba, batched across the
 B slots at each step (two levels per step: a node's four grandchildren are one line) so that the B reads of a
 step are in flight together.
@@ -88,10 +95,22 @@ def find(heap, mass, nblocks, g, targets, out):
     node = np.ones(n, np.int64)
     t = targets.copy()
     width = nblocks
+    if _odd_levels(nblocks):
+        # An odd number of levels below the root: the one-level step first, from the root's children (rows 2
+        # and 3, always cached), so that the two-level steps below read the levels the updates maintain
+        # (every other one, down to the blocks) and the last one lands on the blocks' line itself.
+        left = heap[2, 0]
+        right_positive = heap[3, 0] > 0.0
+        for b in range(n):
+            tb = t[b]
+            right = (tb >= left) & right_positive
+            t[b] = tb - left if right else tb
+            node[b] = 2 + right
+        width >>= 1
     while width >= 4:
         # Two levels per step from the four grandchildren, rows 4k..4k+3: one aligned 64-byte line. The
-        # children's sums are formed from them exactly as the heap stores them (a node is always its
-        # children's sum), so every comparison sees the stored values. Branch-free: which way a draw goes
+        # children's sums (a level not kept) are formed from them exactly as the full tree adds them, so
+        # every comparison sees the full tree's values. Branch-free: which way a draw goes
         # is a coin flip the CPU cannot predict, and a mispredicted branch per level cost more than the
         # memory reads. An empty right subtree keeps the draw left (t passes the left one only through
         # rounding then).
@@ -113,14 +132,6 @@ def find(heap, mass, nblocks, g, targets, out):
             t[b] = tb - a if r2 else tb
             node[b] = q + 2 * r + r2
         width >>= 2
-    if width == 2:
-        for b in range(n):
-            k = 2 * node[b]
-            left = heap[k, 0]
-            tb = t[b]
-            right = (tb >= left) & (heap[k + 1, 0] > 0.0)
-            t[b] = tb - left if right else tb
-            node[b] = k + right
     for b in range(n):
         if b + AHEAD < n:
             prefetch(mass, (node[b + AHEAD] - nblocks) * g)
@@ -139,9 +150,10 @@ def find(heap, mass, nblocks, g, targets, out):
 
 @njit(cache=True, nogil=True, inline="always")
 def _up_two(heap, q):
-    """Recompute the two children of node ``q >> 2`` and the node itself from its four grandchildren, rows
-    q..q+3 (q a multiple of 4: one aligned 64-byte line), in the order the level-by-level recomputation adds
-    and compares them, so every value is the same float64."""
+    """Recompute node ``q >> 2`` from its four grandchildren, rows q..q+3 (q a multiple of 4: one aligned
+    64-byte line), in the order the level-by-level recomputation adds and compares them (the two children
+    first), so every value is the same float64. The children themselves are not written: no search reads
+    their level (see :func:`maintained_rows`)."""
     s0 = heap[q, 0]
     s1 = heap[q + 1, 0]
     s2 = heap[q + 2, 0]
@@ -154,13 +166,9 @@ def _up_two(heap, q):
     right = s2 + s3
     lmin = m0 if m0 <= m1 else m1
     rmin = m2 if m2 <= m3 else m3
-    c = q >> 1
-    heap[c, 0] = left
-    heap[c, 1] = lmin
-    heap[c + 1, 0] = right
-    heap[c + 1, 1] = rmin
-    heap[c >> 1, 0] = left + right
-    heap[c >> 1, 1] = lmin if lmin <= rmin else rmin
+    p = q >> 2
+    heap[p, 0] = left + right
+    heap[p, 1] = lmin if lmin <= rmin else rmin
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -177,11 +185,13 @@ def propagate(heap, mass, nblocks, g, slots, count):
     """Recompute the blocks of ``slots[:count]`` from their masses, then their ancestors up to the root.
 
     Parents are always recomputed from children, never adjusted by deltas, so nothing drifts. Two levels per
-    step, as the search descends: a node and its two children are recomputed from its four grandchildren,
-    which share one line (a child left as it was is rewritten with the value it holds: a node always equals
-    what its children give). At each step the paths that meet (consecutive entries with the same ancestor, as
-    sorted slots give) merge into one, so the upper levels cost what their few distinct nodes cost. Two
-    levels per step instead of one: 14.9 -> 10.2 us for 256 sorted slots at N = 2^20, 31 -> 21 us at 2^24.
+    step, as the search descends: a node is recomputed from its four grandchildren, which share one line (the
+    children's level in between is not kept, :func:`maintained_rows`). At each step the paths that meet
+    (consecutive entries with the same ancestor, as sorted slots give) merge into one, so the upper levels cost
+    what their few distinct nodes cost. Two levels per step instead of one: 14.9 -> 10.2 us for 256 sorted
+    slots at N = 2^20, 31 -> 21 us at 2^24; without the children's rows written, the update kernel of 256
+    15.5-17.8 -> 13.4-14.1 us at 1e6 and 23.2-25.0 -> 16.9-17.2 us at 1e7 (ad-hoc
+    ``/work/proto/session11/sparts2.py``, warm, interleaved with the code before).
     """
     pos = np.empty(count, np.int64)
     cnt = 0
@@ -234,12 +244,39 @@ def propagate_one(heap, mass, nblocks, g, slot):
 
 @njit(cache=True, nogil=True)
 def rebuild(heap, mass, nblocks, g):
-    """Every block and every internal node from the masses; O(L)."""
+    """Every block and every node of the maintained levels (:func:`maintained_rows`) from the masses, as the
+    incremental updates compute them; O(L). The other rows are left as they are."""
     for j in range(nblocks):
         heap[nblocks + j, 0] = pair_sum(mass, j * g, g)
         heap[nblocks + j, 1] = block_min(mass, j * g, g)
-    for p in range(nblocks - 1, 0, -1):
-        heap[p, 0] = heap[2 * p, 0] + heap[2 * p + 1, 0]
-        a = heap[2 * p, 1]
-        c = heap[2 * p + 1, 1]
-        heap[p, 1] = a if a <= c else c
+    width = nblocks
+    while width >= 4:
+        for q in range(width, 2 * width, 4):
+            _up_two(heap, q)
+        width >>= 2
+    if width == 2:
+        _root(heap)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _odd_levels(nblocks):
+    """Whether the blocks lie an odd number of levels below the root (nblocks a power of two)."""
+    odd = False
+    w = nblocks
+    while w > 1:
+        w >>= 1
+        odd = not odd
+    return odd
+
+
+def maintained_rows(nblocks: int) -> np.ndarray:
+    """The rows of the heap that hold their node's [sum, min]: the blocks, every second level above them,
+    and the root. The levels in between are never read: a search takes its one-level step (odd depths) at
+    the root and then two levels per step from each node's four grandchildren, which are the levels the
+    updates write. int64, ascending."""
+    rows = [np.arange(1, 2)]
+    width = nblocks
+    while width > 1:
+        rows.append(np.arange(width, 2 * width))
+        width >>= 2
+    return np.unique(np.concatenate(rows))
