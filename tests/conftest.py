@@ -1,9 +1,43 @@
 """Shared factories: every sampler goes through the same conformance checks."""
 
-import numpy as np
-import pytest
+import hashlib
+import os
+import shutil
+import sys
+from pathlib import Path
 
-import perx
+
+def _kernel_cache_for_these_sources() -> None:
+    """Point numba's on-disk cache at a directory named by a hash of perx's sources (unless NUMBA_CACHE_DIR
+    is set, or numba is already imported). Numba checks a cached kernel against its own file only, so after
+    an edit of one module the kernels of another that call into it would keep the old code, and the tests
+    would pass or fail on kernels that are not the ones in the checkout (docs/speed.md, "Measuring after an
+    edit"). Directories of other hashes are removed."""
+    if "NUMBA_CACHE_DIR" in os.environ or "numba" in sys.modules:
+        return
+    root = Path(__file__).resolve().parents[1]
+    src = root / "src" / "perx"
+    if not src.is_dir():
+        return
+    digest = hashlib.sha256()
+    for path in sorted(src.rglob("*.py")):
+        digest.update(path.relative_to(src).as_posix().encode())
+        digest.update(path.read_bytes())
+    caches = root / ".numba_cache"
+    here = caches / digest.hexdigest()[:16]
+    if caches.is_dir():
+        for old in caches.iterdir():
+            if old != here:
+                shutil.rmtree(old, ignore_errors=True)
+    os.environ["NUMBA_CACHE_DIR"] = str(here)
+
+
+_kernel_cache_for_these_sources()
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import perx  # noqa: E402
 
 #: name -> factory of a fresh, unbound sampler. Later samplers join this list.
 SAMPLERS = {
