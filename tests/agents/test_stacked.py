@@ -254,7 +254,12 @@ def test_each_run_takes_the_path_of_its_own_input_and_computes_as_it_would_alone
         y1 = alone(x[r:r + 1])
         (y1 * torch.linspace(-1, 1, y.numel()).view(y.shape)[r:r + 1]).sum().backward()
         assert torch.equal(y[r], y1[0])
-        assert torch.equal(group.weight.grad[r], alone.weight.grad[0])
+        if r in dense_runs:
+            # the dense path's weight gradient is one batched matrix product over the runs, whose rounding
+            # BLAS may choose by batch count (MKL on an AMD EPYC differs from one run alone by ~1 ulp here)
+            torch.testing.assert_close(group.weight.grad[r], alone.weight.grad[0])
+        else:  # the scatter kernel is ours: run by run, bit for bit
+            assert torch.equal(group.weight.grad[r], alone.weight.grad[0])
         assert torch.equal(group.bias.grad[r], alone.bias.grad[0])
         want = torch.relu(layers[r](x[r]))
         torch.testing.assert_close(y[r], want, rtol=1e-5, atol=1e-5)
