@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 import perx
-from perx.bench import make_data
+from perx.bench import cpu_model, make_data
 
 
 @njit(cache=True)
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python benchmarks/bench_cold.py", *(argv if argv is not None else sys.argv[1:])])
     lines = ["# Sample+update with the buffer's cache lines evicted before every call", "",
              f"Command: `{command}`", "",
-             f"Machine: {platform.machine()}, Python {platform.python_version()}, numpy {np.__version__}, "
+             f"Machine: {platform.machine()} ({cpu_model()}), Python {platform.python_version()}, "
+             f"numpy {np.__version__}, "
              f"perx {perx.__version__}. N = {args.size:,}; 32 MB rewritten before each timed call; median of "
              f"{args.calls} calls each, interleaved call by call. Ratio to the floor (`rng.integers` + numpy "
              "gather of six separate fields) of the same batch size.", "",

@@ -24,6 +24,8 @@ import time
 import numpy as np
 from numba import njit
 
+from perx.bench import cpu_model
+
 LINE = 64
 
 
@@ -108,7 +110,8 @@ def format_md(result: dict, command: str) -> str:
     load = os.getloadavg()
     lines = ["# Random-access costs on this machine, and the floor they set for sample+update", "",
              f"Command: `{command}`", "",
-             f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}; load "
+             f"Machine: {platform.machine()} ({cpu_model()}), {os.cpu_count()} CPUs, "
+             f"Python {platform.python_version()}; load "
              f"average after: {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}.", "",
              "Latency: one dependent read per step through a random cycle of 64-byte lines (nothing overlaps). "
              "Throughput: 256 independent random line reads per compiled call (as a batched gather or a "

@@ -33,6 +33,8 @@ def _kernel_cache_for_these_sources() -> None:
 
 
 _kernel_cache_for_these_sources()
+# perx._jit: every call of a kernel bound to a signature checks its arguments' types against it
+os.environ.setdefault("PERX_CHECK_ENTRIES", "1")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

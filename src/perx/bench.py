@@ -56,6 +56,19 @@ class Impl:
     sort: Callable[[], None] | None = None  # RankBased heap mode: one full re-sort
 
 
+def cpu_model() -> str:
+    """The processor's model name (Linux: /proc/cpuinfo), or platform's guess: the benchmark tables name it
+    because the machines this project runs on change between sessions (ratios move with the cache sizes)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def _floor(data, n, rng):
     store = {k: v.copy() for k, v in data.items()}
     one = {k: v[0] for k, v in data.items()}
@@ -434,7 +447,8 @@ def format_table(result: dict, command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"Machine: {platform.machine()} ({cpu_model()}), {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, "
         f"numpy {np.__version__}, perx {perx.__version__}. Load average (1/5/15 min) before: "
         f"{l1:.2f}/{l5:.2f}/{l15:.2f}, after: {e1:.2f}/{e5:.2f}/{e15:.2f}.",
         "",

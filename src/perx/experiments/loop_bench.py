@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perx.bench import cpu_model
 from perx.experiments.td3_overhead import TD3
 
 OBS, ACT = 17, 6  # Hopper-like sizes; float32
@@ -182,7 +183,7 @@ def table(result: dict, command: str) -> str:
 
     t = result["times"]
     med = {k: {m: statistics.median(v[m]) for m in ("step", "buffer")} for k, v in t.items()}
-    where = result["gpu"] or f"CPU, one torch thread ({platform.machine()})"
+    where = result["gpu"] or f"CPU, one torch thread ({platform.machine()}, {cpu_model()})"
     lines = ["# Buffer time inside a TD3-style loop", "", f"Command: `{command}`", "",
              f"{where}; torch {result['torch']}, perx {perx.__version__}. Buffer filled to N = {result['n']:,}; "
              f"{result['rounds']} interleaved rounds of {result['steps']} steps (act, add, one critic update with "

@@ -44,6 +44,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from perx._jit import Entry, array, boolean, contiguous, float64, int32, int64, loose, uint8, uint64
 from perx.samplers.base import check_update
 from perx.storage import _gather_rows
 
@@ -271,6 +272,16 @@ def top_gather(heap, cur, key, meta, pid, pstamp, capacity, k, rows64, plan, out
     for b in range(k):
         slots[b] = ids[b] % capacity
     _gather_rows(rows64, slots, out[24 * k:], plan)
+
+
+# The per-step kernels without type dispatch (perx._jit): heap int64 [., 2], cur int32, key float64, meta, pid
+# and pstamp int64 (Greedy._allocate and _pending_room); slots and new ids from the storage, contiguous; ids
+# and values of an update from callers, any strides (dtype, rank and contiguity checked before the call)
+_STATE = (array(int64, 2), array(int32, 1), array(float64, 1), array(int64, 1), array(int64, 1), array(int64, 1))
+ADD = Entry(add, (*_STATE, contiguous(int64, 1), contiguous(int64, 1), int64))
+ADD_ONE = Entry(add_one, (*_STATE, int64, int64, int64))
+UPDATE = Entry(update, (*_STATE, loose(int64, 1), loose(float64, 1), int64, int64, boolean))
+TOP_GATHER = Entry(top_gather, (*_STATE, int64, int64, array(uint64, 2), array(int64, 2), array(uint8, 1)))
 
 
 @njit(cache=True, nogil=True)

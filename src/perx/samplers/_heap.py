@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from perx._jit import Entry, array, boolean, contiguous, float64, int64, loose
 from perx._prefetch import AHEAD, prefetch
 from perx.samplers.base import check_update, ids_of_slots
 
@@ -193,6 +194,16 @@ def heap_update(keys, ids, pos, state, update_ids, values, next_id, capacity, ra
     _place(keys, ids, pos, state, slots, slots[:0], keys_new, count, capacity, next_id)
     state[1] += count
     return count
+
+
+# The per-step kernels without type dispatch (perx._jit): keys float64 [capacity], ids, pos and state int64
+# (RankBased._allocate); slots and new ids from the storage, contiguous; ids and values of an update from
+# callers, any strides (dtype, rank and contiguity checked before the call)
+_I1 = array(int64, 1)
+HEAP_ADD = Entry(heap_add, (array(float64, 1), _I1, _I1, _I1, contiguous(int64, 1), contiguous(int64, 1), int64))
+HEAP_ADD_ONE = Entry(heap_add_one, (array(float64, 1), _I1, _I1, _I1, int64, int64, int64))
+HEAP_UPDATE = Entry(heap_update, (array(float64, 1), _I1, _I1, _I1, loose(int64, 1), loose(float64, 1), int64, int64,
+                                  boolean))
 
 
 #: Radix digit width of the full sort: 12 bits, six digits for a 64-bit key (4096 counters per digit, 32 KiB

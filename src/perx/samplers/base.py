@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numba import njit
 
+from perx._jit import Entry, boolean, float64, int64, loose
 from perx._validation import _short
 
 #: Kernel return codes (>= 0 means "applied this many").
@@ -52,6 +53,13 @@ def check_update(ids, values, next_id, capacity, raw):
         if ids[b] >= next_id - capacity:
             live += 1
     return live
+
+
+#: int64 and float64 as the entry points' guards compare them (``dtype is INT64``: numpy's own dtype objects)
+INT64 = np.dtype(np.int64)
+FLOAT64 = np.dtype(np.float64)
+#: :func:`check_update` without type dispatch (perx._jit), for updates of ids int64 [B], values float64 [B]
+_CHECK_UPDATE = Entry(check_update, (loose(int64, 1), loose(float64, 1), int64, int64, boolean))
 
 
 def raise_bad_update(code: int, ids: np.ndarray, values: np.ndarray, next_id: int, raw: bool) -> None:
@@ -190,7 +198,10 @@ class Sampler:
         ``ids`` int64 [B] and ``values`` float64 [B] have equal lengths (the buffer checked that).
         Stale ids are skipped; bad values or never-issued ids raise ValueError with nothing changed.
         """
-        code = check_update(ids, values, next_id, self.capacity, raw)
+        # the entry point reads ids and values as int64 [B] and float64 [B] without looking: else the dispatcher
+        check = (_CHECK_UPDATE.fn if ids.dtype is INT64 and values.dtype is FLOAT64 and ids.ndim == 1 == values.ndim
+                 else check_update)
+        code = check(ids, values, next_id, self.capacity, raw)
         if code < 0:
             raise_bad_update(code, ids, values, next_id, raw)
         return code

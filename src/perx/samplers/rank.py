@@ -27,10 +27,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from perx._jit import Entry, array, boolean, float64, int64, loose, uint8, uint64
 from perx._prefetch import AHEAD, prefetch
 from perx._validation import check_bool, check_choice, check_optional_positive_int, check_real
 from perx.samplers import _greedy, _heap, _ordered
-from perx.samplers.base import Sampler, check_int, check_update, raise_bad_update
+from perx.samplers.base import FLOAT64, INT64, Sampler, check_int, check_update, raise_bad_update
 from perx.storage import _gather_rows
 
 #: Reuse cached segment boundaries while N <= N_ref * (1 + SEGMENT_REUSE).
@@ -157,6 +158,14 @@ def _segment_draw_gather(lo, hi, cum_inv, seg, u, beta, use_weights, batch_norm,
     _gather_rows(rows64, slots, out[24 * n:], plan)
 
 
+#: :func:`_segment_draw_gather` without type dispatch (perx._jit): the segment tables as they come (cached or
+#: loaded: any strides), seg and u from the sampler's generator, the heap's ids, the storage's rows and plan,
+#: the batch bytes made right before the call
+_SEGMENT_DRAW_GATHER = Entry(_segment_draw_gather, (
+    loose(int64, 1), loose(int64, 1), loose(float64, 1), array(int64, 1), array(float64, 1), float64, boolean,
+    boolean, float64, array(int64, 1), int64, array(uint64, 2), array(int64, 2), array(uint8, 1)))
+
+
 @njit(cache=True, nogil=True)
 def _write_gather(ids, probs, weights, capacity, rows64, plan, out):
     """Write ids, probabilities and weights into ``out``'s first 24 * B bytes and the rows of the ids after."""
@@ -280,7 +289,11 @@ class RankBased(_HeapSampler):
     # -- writes ----------------------------------------------------------------------------------
     def on_add(self, slots, ids):
         if not self.exact:
-            _heap.heap_add(self._keys, self._ids, self._pos, self._state, slots, ids, self.capacity)
+            # the entry point reads slots and ids as contiguous int64 [n] without looking: else the dispatcher
+            entry = (slots.dtype is INT64 is ids.dtype and slots.ndim == 1 == ids.ndim and slots.flags.c_contiguous
+                     and ids.flags.c_contiguous)
+            add = _heap.HEAP_ADD.fn if entry else _heap.heap_add
+            add(self._keys, self._ids, self._pos, self._state, slots, ids, self.capacity)
             return
         _exact_add(self._keys, self._ids, self._pos, self._state, slots, ids, *self._order.arrays)
 
@@ -288,12 +301,14 @@ class RankBased(_HeapSampler):
         if self.exact:
             super().on_add_one(slot, id)
             return
-        _heap.heap_add_one(self._keys, self._ids, self._pos, self._state, slot, id, self.capacity)
+        _heap.HEAP_ADD_ONE.fn(self._keys, self._ids, self._pos, self._state, slot, id, self.capacity)
 
     def update(self, ids, values, next_id, *, raw):
         if not self.exact:
-            count = _heap.heap_update(self._keys, self._ids, self._pos, self._state, ids, values, next_id,
-                                      self.capacity, raw)
+            # the entry point reads ids and values as int64 [B] and float64 [B] without looking: else the dispatcher
+            entry = ids.dtype is INT64 and values.dtype is FLOAT64 and ids.ndim == 1 == values.ndim
+            update = _heap.HEAP_UPDATE.fn if entry else _heap.heap_update
+            count = update(self._keys, self._ids, self._pos, self._state, ids, values, next_id, self.capacity, raw)
             if count < 0:
                 raise_bad_update(count, ids, values, next_id, raw)
             if self._state[1] >= self._sort_every:
@@ -364,7 +379,7 @@ class RankBased(_HeapSampler):
         k, seg, u = self._draw(batch_size, size)
         if size >= k:
             lo, hi, cum_inv, p_min = self.boundaries(size, k)
-            _segment_draw_gather(lo, hi, cum_inv, seg, u, beta, beta > 0.0, self.normalize == "batch", p_min,
+            _SEGMENT_DRAW_GATHER.fn(lo, hi, cum_inv, seg, u, beta, beta > 0.0, self.normalize == "batch", p_min,
                                  self._ids, self.capacity, rows64, plan, out)
         else:
             positions, probs, weights = self._small_draw(u, size, beta)
@@ -500,13 +515,18 @@ class Greedy(Sampler):
         return self._heap, self._cur, self._key, self._meta, self._pid, self._pstamp
 
     def on_add(self, slots, ids):
-        _greedy.add(*self._arrays(), slots, ids, self.capacity)
+        # the entry point reads slots and ids as contiguous int64 [n] without looking: else the dispatcher
+        entry = (slots.dtype is INT64 is ids.dtype and slots.ndim == 1 == ids.ndim and slots.flags.c_contiguous
+                 and ids.flags.c_contiguous)
+        (_greedy.ADD.fn if entry else _greedy.add)(*self._arrays(), slots, ids, self.capacity)
 
     def on_add_one(self, slot, id):
-        _greedy.add_one(*self._arrays(), slot, id, self.capacity)
+        _greedy.ADD_ONE.fn(*self._arrays(), slot, id, self.capacity)
 
     def update(self, ids, values, next_id, *, raw):
-        count = _greedy.update(*self._arrays(), ids, values, next_id, self.capacity, raw)
+        entry = ids.dtype is INT64 and values.dtype is FLOAT64 and ids.ndim == 1 == values.ndim  # else the dispatcher
+        count = (_greedy.UPDATE.fn if entry else _greedy.update)(*self._arrays(), ids, values, next_id, self.capacity,
+                                                                 raw)
         if count < 0:
             raise_bad_update(count, ids, values, next_id, raw)
         return count
@@ -540,7 +560,7 @@ class Greedy(Sampler):
     def sample_gather(self, batch_size, beta, size, next_id, rows64, plan, out):
         self._check_k(batch_size, size)
         self._pending_room(batch_size)
-        _greedy.top_gather(*self._arrays(), self.capacity, batch_size, rows64, plan, out)
+        _greedy.TOP_GATHER.fn(*self._arrays(), self.capacity, batch_size, rows64, plan, out)
 
     def sample_distinct(self, batch_size, beta, size, next_id):
         return self.sample(batch_size, beta, size, next_id)  # the top k are distinct already

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from perx._jit import Entry, array, int64, uint8, uint64
 from perx.samplers.base import Sampler, ids_of_slots
 from perx.storage import _gather_rows
 
@@ -24,6 +25,12 @@ def _finish_gather(slots, size, next_id, capacity, rows64, plan, out):
     out[8 * n : 16 * n].view(np.float64)[:] = 1.0 / size
     out[16 * n : 24 * n].view(np.float64)[:] = 1.0
     _gather_rows(rows64, slots, out[24 * n :], plan)
+
+
+#: :func:`_finish_gather` without type dispatch (perx._jit): slots from the sampler's generator, the storage's
+#: rows and plan, the batch bytes made right before the call
+_FINISH_GATHER = Entry(_finish_gather, (array(int64, 1), int64, int64, int64, array(uint64, 2), array(int64, 2),
+                                        array(uint8, 1)))
 
 
 class Uniform(Sampler):
@@ -48,7 +55,7 @@ class Uniform(Sampler):
     fuses_gather = True
 
     def sample_gather(self, batch_size, beta, size, next_id, rows64, plan, out):
-        _finish_gather(self._rng.integers(0, size, batch_size), size, next_id, self.capacity, rows64, plan, out)
+        _FINISH_GATHER.fn(self._rng.integers(0, size, batch_size), size, next_id, self.capacity, rows64, plan, out)
 
     def sample_distinct(self, batch_size, beta, size, next_id):
         """A uniformly random subset; each draw's probability is still 1/N and every weight 1."""
