@@ -55,11 +55,24 @@ def check_update(ids, values, next_id, capacity, raw):
     return live
 
 
-#: int64 and float64 as the entry points' guards compare them (``dtype is INT64``: numpy's own dtype objects)
+#: numpy's own int64 and float64 dtypes: an array that has them passes an identity test (``dtype is INT64``),
+#: ~35 ns cheaper than ``dtype == np.int64``; an equal dtype that is another object takes the general checks
 INT64 = np.dtype(np.int64)
 FLOAT64 = np.dtype(np.float64)
 #: :func:`check_update` without type dispatch (perx._jit), for updates of ids int64 [B], values float64 [B]
 _CHECK_UPDATE = Entry(check_update, (loose(int64, 1), loose(float64, 1), int64, int64, boolean))
+
+
+def update_fits(ids: np.ndarray, values: np.ndarray) -> bool:
+    """Whether an update's entry point (perx._jit) may read ``ids`` and ``values`` without looking: int64 [B]
+    and float64 [B], any strides. Anything else goes to the kernel's dispatcher."""
+    return ids.dtype is INT64 and values.dtype is FLOAT64 and ids.ndim == 1 == values.ndim
+
+
+def add_fits(slots: np.ndarray, ids: np.ndarray) -> bool:
+    """Whether an add's entry point may read ``slots`` and ``ids`` without looking: contiguous int64 [n]."""
+    return (slots.dtype is INT64 is ids.dtype and slots.ndim == 1 == ids.ndim and slots.flags.c_contiguous
+            and ids.flags.c_contiguous)
 
 
 def raise_bad_update(code: int, ids: np.ndarray, values: np.ndarray, next_id: int, raw: bool) -> None:
@@ -198,9 +211,7 @@ class Sampler:
         ``ids`` int64 [B] and ``values`` float64 [B] have equal lengths (the buffer checked that).
         Stale ids are skipped; bad values or never-issued ids raise ValueError with nothing changed.
         """
-        # the entry point reads ids and values as int64 [B] and float64 [B] without looking: else the dispatcher
-        check = (_CHECK_UPDATE.fn if ids.dtype is INT64 and values.dtype is FLOAT64 and ids.ndim == 1 == values.ndim
-                 else check_update)
+        check = _CHECK_UPDATE.fn if update_fits(ids, values) else check_update
         code = check(ids, values, next_id, self.capacity, raw)
         if code < 0:
             raise_bad_update(code, ids, values, next_id, raw)

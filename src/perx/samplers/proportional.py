@@ -21,7 +21,7 @@ from perx import _blocktree
 from perx._jit import Entry, array, boolean, contiguous, float64, int64, loose, uint8, uint64
 from perx._prefetch import AHEAD, prefetch_write
 from perx._validation import check_bool, check_choice, check_real
-from perx.samplers.base import FLOAT64, INT64, Sampler, check_update, raise_bad_update
+from perx.samplers.base import Sampler, add_fits, check_update, raise_bad_update, update_fits
 from perx.storage import _gather_rows
 from perx.trees import MaxTree, _propagate, _rebuild, leaf_count
 
@@ -312,11 +312,9 @@ class Proportional(Sampler):
         return self._priority[slots]
 
     def on_add(self, slots, ids):
-        # the entry point reads slots as contiguous int64 [n] without looking: anything else takes the dispatcher
-        add = _ADD.fn if slots.dtype is INT64 and slots.ndim == 1 and slots.flags.c_contiguous else _add
-        add(self._heap, self._mass, self._nblocks, self._g, self.max_tree.nodes, self._priority,
-             self._leaf_base, slots, self.alpha,
-             self._state, self._track_max, self.initial_priority, self.floor)
+        add = _ADD.fn if add_fits(slots, ids) else _add
+        add(self._heap, self._mass, self._nblocks, self._g, self.max_tree.nodes, self._priority, self._leaf_base,
+            slots, self.alpha, self._state, self._track_max, self.initial_priority, self.floor)
 
     def on_add_one(self, slot, id):
         if self._track_max:
@@ -350,18 +348,14 @@ class Proportional(Sampler):
             raise self._no_mass(size, "sample")
         u = self._rng.random(batch_size)
         _SAMPLE_GATHER.fn(self._heap, self._mass, self._nblocks, self._g, u, self.stratified, beta,
-                       self.normalize == "batch", self.importance_sampling, next_id, self.capacity, rows64, plan,
-                       out)
+                          self.normalize == "batch", self.importance_sampling, next_id, self.capacity, rows64, plan,
+                          out)
 
     def update(self, ids, values, next_id, *, raw):
-        # the entry point reads ids and values as int64 [B] and float64 [B] without looking (the buffer checked
-        # them; a direct caller may not have): anything else takes the dispatcher
-        update = (_UPDATE.fn if ids.dtype is INT64 and values.dtype is FLOAT64 and ids.ndim == 1 == values.ndim
-                  else _update)
-        count = update(self._heap, self._mass, self._nblocks, self._g, self.max_tree.nodes,
-                        self._priority,
-                        self._leaf_base, ids, values, next_id, self.capacity, raw, self.eps,
-                        self.min_priority, self.alpha, self._state, self._track_max, self.max_mass)
+        update = _UPDATE.fn if update_fits(ids, values) else _update
+        count = update(self._heap, self._mass, self._nblocks, self._g, self.max_tree.nodes, self._priority,
+                       self._leaf_base, ids, values, next_id, self.capacity, raw, self.eps, self.min_priority,
+                       self.alpha, self._state, self._track_max, self.max_mass)
         if count == BAD_MASS:
             p = self.priority(values) if not raw else values
             pos = int(np.flatnonzero(~(p <= self.max_accepted_priority))[0])

@@ -31,7 +31,7 @@ from perx._jit import Entry, array, boolean, float64, int64, loose, uint8, uint6
 from perx._prefetch import AHEAD, prefetch
 from perx._validation import check_bool, check_choice, check_optional_positive_int, check_real
 from perx.samplers import _greedy, _heap, _ordered
-from perx.samplers.base import FLOAT64, INT64, Sampler, check_int, check_update, raise_bad_update
+from perx.samplers.base import Sampler, add_fits, check_int, check_update, raise_bad_update, update_fits
 from perx.storage import _gather_rows
 
 #: Reuse cached segment boundaries while N <= N_ref * (1 + SEGMENT_REUSE).
@@ -289,10 +289,7 @@ class RankBased(_HeapSampler):
     # -- writes ----------------------------------------------------------------------------------
     def on_add(self, slots, ids):
         if not self.exact:
-            # the entry point reads slots and ids as contiguous int64 [n] without looking: else the dispatcher
-            entry = (slots.dtype is INT64 is ids.dtype and slots.ndim == 1 == ids.ndim and slots.flags.c_contiguous
-                     and ids.flags.c_contiguous)
-            add = _heap.HEAP_ADD.fn if entry else _heap.heap_add
+            add = _heap.HEAP_ADD.fn if add_fits(slots, ids) else _heap.heap_add
             add(self._keys, self._ids, self._pos, self._state, slots, ids, self.capacity)
             return
         _exact_add(self._keys, self._ids, self._pos, self._state, slots, ids, *self._order.arrays)
@@ -305,9 +302,7 @@ class RankBased(_HeapSampler):
 
     def update(self, ids, values, next_id, *, raw):
         if not self.exact:
-            # the entry point reads ids and values as int64 [B] and float64 [B] without looking: else the dispatcher
-            entry = ids.dtype is INT64 and values.dtype is FLOAT64 and ids.ndim == 1 == values.ndim
-            update = _heap.HEAP_UPDATE.fn if entry else _heap.heap_update
+            update = _heap.HEAP_UPDATE.fn if update_fits(ids, values) else _heap.heap_update
             count = update(self._keys, self._ids, self._pos, self._state, ids, values, next_id, self.capacity, raw)
             if count < 0:
                 raise_bad_update(count, ids, values, next_id, raw)
@@ -380,7 +375,7 @@ class RankBased(_HeapSampler):
         if size >= k:
             lo, hi, cum_inv, p_min = self.boundaries(size, k)
             _SEGMENT_DRAW_GATHER.fn(lo, hi, cum_inv, seg, u, beta, beta > 0.0, self.normalize == "batch", p_min,
-                                 self._ids, self.capacity, rows64, plan, out)
+                                    self._ids, self.capacity, rows64, plan, out)
         else:
             positions, probs, weights = self._small_draw(u, size, beta)
             _write_gather(self._ids[positions], probs, weights, self.capacity, rows64, plan, out)
@@ -515,18 +510,15 @@ class Greedy(Sampler):
         return self._heap, self._cur, self._key, self._meta, self._pid, self._pstamp
 
     def on_add(self, slots, ids):
-        # the entry point reads slots and ids as contiguous int64 [n] without looking: else the dispatcher
-        entry = (slots.dtype is INT64 is ids.dtype and slots.ndim == 1 == ids.ndim and slots.flags.c_contiguous
-                 and ids.flags.c_contiguous)
-        (_greedy.ADD.fn if entry else _greedy.add)(*self._arrays(), slots, ids, self.capacity)
+        add = _greedy.ADD.fn if add_fits(slots, ids) else _greedy.add
+        add(*self._arrays(), slots, ids, self.capacity)
 
     def on_add_one(self, slot, id):
         _greedy.ADD_ONE.fn(*self._arrays(), slot, id, self.capacity)
 
     def update(self, ids, values, next_id, *, raw):
-        entry = ids.dtype is INT64 and values.dtype is FLOAT64 and ids.ndim == 1 == values.ndim  # else the dispatcher
-        count = (_greedy.UPDATE.fn if entry else _greedy.update)(*self._arrays(), ids, values, next_id, self.capacity,
-                                                                 raw)
+        update = _greedy.UPDATE.fn if update_fits(ids, values) else _greedy.update
+        count = update(*self._arrays(), ids, values, next_id, self.capacity, raw)
         if count < 0:
             raise_bad_update(count, ids, values, next_id, raw)
         return count
