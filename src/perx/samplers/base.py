@@ -22,6 +22,10 @@ from numba import njit
 from perx._jit import Entry, boolean, float64, int64, loose
 from perx._validation import _short
 
+#: Uniforms a sampler draws ahead at a time for :meth:`Sampler._uniforms` (16 KB): a block of 2,048 costs
+#: ~4.3 us, ~2 ns a number, against ~0.45 us for each call of ``rng.random(n)`` at B = 1.
+POOL = 2048
+
 #: Kernel return codes (>= 0 means "applied this many").
 BAD_VALUE = -1
 BAD_ID = -2
@@ -136,6 +140,11 @@ class Sampler:
 
     @property
     def rng(self) -> np.random.Generator:
+        """The sampler's generator, where the draws so far leave it. Once it is handed out the sampler
+        draws from it directly (no block drawn ahead), so the caller's own draws on it and the sampler's
+        stay one sequence."""
+        self._sync()
+        object.__setattr__(self, "_pooling", False)
         return self._rng
 
     def _bind(self, capacity: int) -> None:
@@ -166,7 +175,75 @@ class Sampler:
             object.__setattr__(self, "on_add_one", Sampler.on_add_one.__get__(self))
         elif name == "sample":  # likewise, a sample set on the instance must not be bypassed by the fused path
             object.__setattr__(self, "fuses_gather", False)
+        elif name == "_rng":  # a new generator (reseed, load, a test's own): nothing of it is drawn ahead yet
+            object.__setattr__(self, "_pool", None)
+            object.__setattr__(self, "_cursor", [0, 0])
+            # advance() is exact for PCG64 (one step per float64); other bit generators are drawn from directly
+            object.__setattr__(self, "_pooling", type(getattr(value, "bit_generator", None)) is np.random.PCG64)
         object.__setattr__(self, name, value)
+
+    # -- random numbers --------------------------------------------------------------------------
+    #: The block of uniforms drawn ahead (float64 [>= POOL]) or None; ``_cursor`` is [position in the block,
+    #: numbers handed out from earlier blocks since the generator was last brought level].
+    _pool: np.ndarray | None = None
+    _pooling: bool = False
+
+    def _uniforms(self, n: int) -> np.ndarray:
+        """float64 [n] uniforms on [0, 1): the numbers ``self._rng.random(n)`` would give, in the same order.
+
+        They come from a block drawn ahead on a copy of the generator (~0.1 us a call instead of ~0.45 us);
+        ``self._rng`` itself is advanced past the numbers handed out only when it is next needed
+        (:meth:`_sync`: ``state_dict``, the ``rng`` property, a draw of another kind), so every sample and
+        every saved state is bit for bit what drawing directly gives. A method that draws anything else from
+        ``self._rng`` calls :meth:`_sync` first. The result is a read-only-by-convention view into the block:
+        use it before the next draw."""
+        pool = self._pool
+        if pool is not None:
+            cur = self._cursor
+            p = cur[0]
+            q = p + n
+            if q <= pool.shape[0]:
+                cur[0] = q
+                return pool[p:q]
+        return self._refill(n)
+
+    def _refill(self, n: int) -> np.ndarray:
+        if not self._pooling:
+            return self._rng.random(n)
+        pool = self._pool
+        if pool is None:  # a copy of the generator draws the blocks; self._rng stays where it is
+            ahead = np.random.Generator(np.random.PCG64())
+            ahead.bit_generator.state = self._rng.bit_generator.state
+            self._ahead = ahead
+            left = pool = np.empty(0)
+            used = 0
+        else:  # the numbers not handed out yet stay first, in order
+            p, used = self._cursor
+            used += p
+            left = pool[p:]
+        k = left.shape[0]
+        block = np.empty(k + max(POOL, n))
+        block[:k] = left
+        self._ahead.random(out=block[k:])
+        self._pool = block
+        self._cursor = [n, used]
+        return block[:n]
+
+    def _sync(self) -> None:
+        """Bring ``self._rng`` level with the numbers :meth:`_uniforms` handed out and drop the block."""
+        if self._pool is None:
+            return
+        p, used = self._cursor
+        used += p
+        object.__setattr__(self, "_pool", None)
+        if used:
+            bg = self._rng.bit_generator
+            before = bg.state
+            bg.advance(used)  # PCG64: one step per float64, as random() takes
+            if before["has_uint32"] or before["uinteger"]:  # advance() clears the 32-bit half integers() keeps
+                state = bg.state
+                state["has_uint32"], state["uinteger"] = before["has_uint32"], before["uinteger"]
+                bg.state = state
 
     def sample(self, batch_size: int, beta: float, size: int, next_id: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -247,6 +324,7 @@ class Sampler:
         Only primary state is saved; what can be derived (trees from priorities, sorted orders) is
         rebuilt by :meth:`load_state_dict`, so a file cannot smuggle in inconsistent structures.
         """
+        self._sync()
         return {"rng": _jsonable(self._rng.bit_generator.state)}, {}
 
     def load_state_dict(self, meta: dict[str, Any], arrays: dict[str, np.ndarray], *, size: int,

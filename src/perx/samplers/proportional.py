@@ -77,6 +77,15 @@ def _sample_gather(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_
 
 
 @njit(cache=True, nogil=True)
+def _sample_gather_at(heap, mass, nblocks, g, pool, at, n, stratified, beta, batch_norm, use_weights, next_id,
+                      capacity, rows64, plan, out):
+    """:func:`_sample_gather` with the uniforms ``pool[at : at + n]`` (perx.samplers.base.Sampler._uniforms's
+    block: a slice made here costs nothing, one made in Python ~0.1 us)."""
+    _sample_gather(heap, mass, nblocks, g, pool[at : at + n], stratified, beta, batch_norm, use_weights, next_id,
+                   capacity, rows64, plan, out)
+
+
+@njit(cache=True, nogil=True)
 def _sample_into(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity,
                  slots, ids, probs, weights):
     n = u.shape[0]
@@ -337,7 +346,7 @@ class Proportional(Sampler):
     def sample(self, batch_size, beta, size, next_id):
         if not self._heap[1, 0] > 0.0:
             raise self._no_mass(size, "sample")
-        u = self._rng.random(batch_size)
+        u = self._uniforms(batch_size)
         return _sample(self._heap, self._mass, self._nblocks, self._g, u, self.stratified,
                        beta, self.normalize == "batch", self.importance_sampling, next_id, self.capacity)
 
@@ -346,8 +355,15 @@ class Proportional(Sampler):
     def sample_gather(self, batch_size, beta, size, next_id, rows64, plan, out):
         if not self._heap[1, 0] > 0.0:
             raise self._no_mass(size, "sample")
-        u = self._rng.random(batch_size)
-        _SAMPLE_GATHER.fn(self._heap, self._mass, self._nblocks, self._g, u, self.stratified, beta,
+        # Sampler._uniforms inlined, the kernel slicing the block itself (~0.1 us a call)
+        pool = self._pool
+        cur = self._cursor
+        at = cur[0]
+        if pool is not None and at + batch_size <= pool.shape[0]:
+            cur[0] = at + batch_size
+        else:
+            pool, at = self._refill(batch_size), 0
+        _SAMPLE_GATHER.fn(self._heap, self._mass, self._nblocks, self._g, pool, at, batch_size, self.stratified, beta,
                           self.normalize == "batch", self.importance_sampling, next_id, self.capacity, rows64, plan,
                           out)
 
@@ -443,12 +459,13 @@ class Proportional(Sampler):
 
 # The kernels the buffer calls at every step, each bound to one signature (perx._jit: no type dispatch,
 # ~0.25 us a call). The heap, masses, priorities, max tree and state are made in Proportional.__init__ and
-# _allocate with exactly these types, the rows and plan by perx.storage, u and out right before the call;
+# _allocate with exactly these types, the block of uniforms by Sampler._refill, the rows and plan by
+# perx.storage, out right before the call;
 # slots of new transitions are contiguous, ids and values of an update take any strides (dtype, rank and
 # contiguity checked before the call).
 _F2, _F1 = array(float64, 2), array(float64, 1)
-_SAMPLE_GATHER = Entry(_sample_gather, (_F2, _F1, int64, int64, _F1, boolean, float64, boolean, boolean, int64,
-                                        int64, array(uint64, 2), array(int64, 2), array(uint8, 1)))
+_SAMPLE_GATHER = Entry(_sample_gather_at, (_F2, _F1, int64, int64, _F1, int64, int64, boolean, float64, boolean,
+                                           boolean, int64, int64, array(uint64, 2), array(int64, 2), array(uint8, 1)))
 _UPDATE = Entry(_update, (_F2, _F1, int64, int64, _F1, _F1, int64, loose(int64, 1), loose(float64, 1), int64,
                           int64, boolean, float64, float64, float64, _F1, boolean, float64))
 _ADD = Entry(_add, (_F2, _F1, int64, int64, _F1, _F1, int64, contiguous(int64, 1), float64, _F1, boolean, float64,

@@ -353,10 +353,11 @@ class RankBased(_HeapSampler):
         """(k segments, each draw's segment, each draw's uniform): the random numbers of one batch."""
         k = batch_size if self.n_segments is None else self.n_segments
         if size >= k and k != batch_size:  # "sample a segment, then uniformly within it" (000 Sec. 3.3)
+            self._sync()  # integers and uniforms interleave: both from the generator itself
             seg = self._rng.integers(0, k, batch_size)
-        else:  # one draw per segment: stratified (000 App. B.2.1)
-            seg = np.arange(batch_size)
-        return k, seg, self._rng.random(batch_size)
+            return k, seg, self._rng.random(batch_size)
+        # one draw per segment: stratified (000 App. B.2.1)
+        return k, np.arange(batch_size), self._uniforms(batch_size)
 
     def sample(self, batch_size, beta, size, next_id):
         k, seg, u = self._draw(batch_size, size)
