@@ -371,7 +371,8 @@ class Storage:
                 if dst is not None and arr.dtype == dst[2] and arr.flags.c_contiguous:
                     # a field of several elements per row, copied as one opaque element per row: numpy's copy
                     # of 256 such rows costs ~0.8 us against ~1.4 us for its strided copy of the elements
-                    dst[0][first : first + kept] = arr.reshape(kept, -1).view(dst[1])
+                    # (a [rows, k] array views as [rows, 1] of the opaque element directly: the reshape is ~0.15 us)
+                    dst[0][first : first + kept] = (arr if arr.ndim == 2 else arr.reshape(kept, -1)).view(dst[1])
                 else:
                     data[name][first : first + kept] = arr
         else:
