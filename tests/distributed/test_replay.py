@@ -248,9 +248,14 @@ def test_an_update_a_shard_refuses_is_raised_once_and_counted(shards):
     replay.reset(30, perx.Proportional(alpha=0.6), seed=10)
     ids = replay.add(shard=1, obs=np.zeros((3, 1)), action=np.zeros(3, np.int64))
     bogus = encode_ids(np.array([10**6]), replay.stats[1]["incarnation"], 1)  # never issued
-    replay.update_priorities(np.concatenate([ids, bogus]), np.ones(4))
-    replay.update_priorities(ids, np.ones(3))
-    with pytest.raises(ValueError, match="refused"):
-        replay.flush()
-    replay.flush()  # accounted for: not raised again
+    calls = [lambda: replay.update_priorities(np.concatenate([ids, bogus]), np.ones(4)),
+             lambda: replay.update_priorities(ids, np.ones(3)), replay.flush, replay.flush]
+    raised = 0
+    for call in calls:  # the call that first collects the refused reply raises (a non-blocking collect may)
+        try:
+            call()
+        except ValueError as err:
+            assert "refused" in str(err)
+            raised += 1
+    assert raised == 1  # accounted for: not raised again
     assert replay.failed_updates == 1 and replay.applied == 3

@@ -43,6 +43,7 @@ def _rng_state(buf):
 
 
 MAKERS = {
+    "uniform": lambda: perx.Uniform(),
     "proportional": lambda: perx.Proportional(alpha=0.6),
     "lap": lambda: perx.LAP(alpha=0.4),
     "rank": lambda: perx.RankBased(alpha=0.7),
@@ -52,7 +53,8 @@ MAKERS = {
 
 @pytest.mark.parametrize("kind", sorted(MAKERS))
 def test_blocked_draws_are_the_direct_draws_bit_for_bit(kind):
-    blocked, direct = _pair(MAKERS[kind])
+    # a full buffer: Uniform draws its slots from a block only then (the range stays the same)
+    blocked, direct = _pair(MAKERS[kind], capacity=4000)
     rng = np.random.default_rng(0)
     for b in SIZES:
         x, y = blocked.sample(b, beta=0.4), direct.sample(b, beta=0.4)
@@ -145,3 +147,107 @@ def test_other_bit_generators_are_drawn_from_directly():
         reference.random(b)
     assert blocked.sampler._pool is None
     assert np.array_equal(blocked.sampler._rng.random(5), reference.random(5))
+
+
+def test_numpy_integers_calls_of_one_range_concatenate():
+    # what Sampler._integers relies on: k draws then m draws give one call of k + m, and the same state
+    for seed in range(4):
+        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+        sizes = (1, 7, 300, 5, POOL, 1, 33)
+        x = np.concatenate([a.integers(0, 999_983, k) for k in sizes])
+        assert np.array_equal(x, b.integers(0, 999_983, sum(sizes)))
+        assert a.bit_generator.state == b.bit_generator.state
+
+
+def test_uniform_draws_directly_while_filling_and_from_a_block_once_full():
+    blocked, direct = (perx.ReplayBuffer(600, perx.Uniform(), seed=5) for _ in range(2))
+    assert direct.sampler.rng is not None  # direct draws from here on
+    rows = transitions(900)
+    for start in range(0, 900, 50):
+        part = {k: v[start:start + 50] for k, v in rows.items()}
+        blocked.extend(**part)
+        direct.extend(**part)
+        for b in (1, 32, 3):
+            _same_batch(blocked.sample(b), direct.sample(b))
+        # distinct draws (rng.choice) come from the generator itself, brought level first
+        _same_batch(blocked.sample(8, replace=False), direct.sample(8, replace=False))
+    assert _rng_state(blocked) == _rng_state(direct)
+
+
+def test_uniform_uses_a_block_once_the_buffer_is_full():
+    blocked, _ = _pair(MAKERS["uniform"], capacity=4000)
+    blocked.sample(3)
+    assert blocked.sampler._pool is not None and blocked.sampler._pool_kind == 4000
+    fill, _ = _pair(MAKERS["uniform"], capacity=5000)
+    fill.sample(3)
+    assert fill.sampler._pool is None
+
+
+@pytest.mark.parametrize("how", ["sampler", "buffer", "bit_generator"])
+def test_a_generator_passed_as_seed_stays_one_sequence_with_the_callers_draws(how):
+    g = np.random.default_rng(0)
+    if how == "sampler":
+        buf = perx.ReplayBuffer(500, perx.Proportional(alpha=0.6, seed=g))
+    elif how == "buffer":
+        buf = perx.ReplayBuffer(500, perx.Proportional(alpha=0.6), seed=g)
+    else:  # a Generator on the caller's bit generator shares its state
+        buf = perx.ReplayBuffer(500, perx.Proportional(alpha=0.6, seed=g.bit_generator))
+    buf.extend(**transitions(400))
+    reference = np.random.default_rng(0)
+    for b in (4, 1, 7):
+        buf.sample(b)
+        reference.random(b)
+        assert g.random() == reference.random()  # the caller gets the numbers after the sampler's
+
+
+class _Jitter(perx.Proportional):
+    """A subclass that draws from the sampler's generator itself after each sample."""
+
+    name = "_BlockTestJitter"
+
+    def sample(self, batch_size, beta, size, next_id):
+        out = super().sample(batch_size, beta, size, next_id)
+        self.noise = self._rng.random()
+        return out
+
+
+def test_a_subclass_drawing_from_the_generator_gets_the_numbers_that_come_next():
+    blocked, direct = _pair(lambda: _Jitter(alpha=0.6))
+    for b in (2, 2, 5, 300):
+        _same_batch(blocked.sample(b), direct.sample(b))
+        assert blocked.sampler.noise == direct.sampler.noise
+    assert _rng_state(blocked) == _rng_state(direct)
+
+
+@pytest.mark.parametrize("kind", ["proportional", "rank"])
+def test_a_sampler_pickled_before_the_blocks_continues_identically(kind):
+    blocked, direct = _pair(MAKERS[kind])
+    for b in (3, 40):
+        _same_batch(blocked.sample(b), direct.sample(b))
+    # what such a pickle holds: the generator as "_rng" (where the draws so far leave it), no block
+    sampler = blocked.sampler
+    state = {k: v for k, v in sampler.__dict__.items()
+             if k not in ("_gen", "_pool", "_pool_kind", "_pool_state", "_cursor", "_pooling")}
+    state["_rng"] = copy.deepcopy(sampler.rng)
+    old = object.__new__(type(sampler))
+    old.__setstate__(pickle.loads(pickle.dumps(state)))
+    assert old._pooling and old._pool is None
+    for b in (1, POOL, 17):
+        x, y = old.sample(b, 0.4, 4000, 4000), direct.sampler.sample(b, 0.4, 4000, 4000)
+        for u, v in zip(x, y, strict=True):
+            assert np.array_equal(u, v)
+
+
+@pytest.mark.parametrize("batch_size", [0, -1])
+def test_a_batch_size_below_one_changes_nothing_that_drawing_directly_keeps(batch_size):
+    # the samplers' own API (the buffer refuses such sizes before): the same error and the same state after
+    blocked, direct = _pair(MAKERS["proportional"])
+    _same_batch(blocked.sample(5), direct.sample(5))
+    errors = []
+    for buf in (blocked, direct):
+        with pytest.raises(Exception) as err:  # whatever numpy or the kernel raises when drawing directly
+            buf.sampler.sample(batch_size, 0.4, 4000, 4000)
+        errors.append(type(err.value))
+    assert errors[0] is errors[1]
+    _same_batch(blocked.sample(9), direct.sample(9))
+    assert _rng_state(blocked) == _rng_state(direct)

@@ -22,8 +22,9 @@ from numba import njit
 from perx._jit import Entry, boolean, float64, int64, loose
 from perx._validation import _short
 
-#: Uniforms a sampler draws ahead at a time for :meth:`Sampler._uniforms` (16 KB): a block of 2,048 costs
-#: ~4.3 us, ~2 ns a number, against ~0.45 us for each call of ``rng.random(n)`` at B = 1.
+#: Random numbers a sampler draws ahead at a time (:meth:`Sampler._uniforms`, :meth:`Sampler._integers`;
+#: 16 KB): a block of 2,048 uniforms costs ~4.3 us, ~2 ns a number, against ~0.45 us for each call of
+#: ``rng.random(n)`` at B = 1 (``rng.integers(0, size, 1)``: ~2.7 us).
 POOL = 2048
 
 #: Kernel return codes (>= 0 means "applied this many").
@@ -122,8 +123,15 @@ class Sampler:
             Sampler.registry[cls.name] = cls
 
     def __init__(self, *, seed: int | None = None) -> None:
-        self._rng = np.random.default_rng(seed)
+        self._seed_generator(seed)
         self.capacity: int | None = None
+
+    def _seed_generator(self, seed: Any) -> None:
+        self._rng = np.random.default_rng(seed)
+        if isinstance(seed, (np.random.Generator, np.random.BitGenerator)):
+            # the caller's own generator (default_rng returns it, or wraps its bit generator): the caller may
+            # draw from it too, so the sampler draws directly and both stay one sequence
+            object.__setattr__(self, "_pooling", False)
 
     # -- configuration -------------------------------------------------------------------------
     def config(self) -> dict[str, Any]:
@@ -136,7 +144,7 @@ class Sampler:
 
     def reseed(self, seed: int | None) -> None:
         """Replace the generator by ``np.random.default_rng(seed)``."""
-        self._rng = np.random.default_rng(seed)
+        self._seed_generator(seed)
 
     @property
     def rng(self) -> np.random.Generator:
@@ -145,7 +153,31 @@ class Sampler:
         stay one sequence."""
         self._sync()
         object.__setattr__(self, "_pooling", False)
-        return self._rng
+        return self._gen
+
+    @property
+    def _rng(self) -> np.random.Generator:
+        """The generator for a draw made now: brought level with the numbers handed out first
+        (:meth:`_sync`), so a method of a subclass that draws from it directly gets the numbers that come
+        next. The block resumes at the next :meth:`_uniforms` or :meth:`_integers`."""
+        self._sync()
+        return self._gen
+
+    @_rng.setter
+    def _rng(self, value: np.random.Generator) -> None:
+        # a new generator (reseed, load, a test's own): nothing of it is drawn ahead yet
+        object.__setattr__(self, "_gen", value)
+        object.__setattr__(self, "_pool", None)
+        object.__setattr__(self, "_cursor", [0])
+        # numpy's default bit generator; any other (a loaded Philox or MT19937 state) is drawn from directly
+        object.__setattr__(self, "_pooling", type(getattr(value, "bit_generator", None)) is np.random.PCG64)
+
+    def __setstate__(self, state: dict) -> None:
+        # a sampler pickled before the blocks of random numbers holds its generator as "_rng", and no block
+        gen = state.pop("_rng", None)
+        self.__dict__.update(state)
+        if gen is not None:
+            self._rng = gen
 
     def _bind(self, capacity: int) -> None:
         if self.capacity is not None:
@@ -175,75 +207,81 @@ class Sampler:
             object.__setattr__(self, "on_add_one", Sampler.on_add_one.__get__(self))
         elif name == "sample":  # likewise, a sample set on the instance must not be bypassed by the fused path
             object.__setattr__(self, "fuses_gather", False)
-        elif name == "_rng":  # a new generator (reseed, load, a test's own): nothing of it is drawn ahead yet
-            object.__setattr__(self, "_pool", None)
-            object.__setattr__(self, "_cursor", [0, 0])
-            # advance() is exact for PCG64 (one step per float64); other bit generators are drawn from directly
-            object.__setattr__(self, "_pooling", type(getattr(value, "bit_generator", None)) is np.random.PCG64)
         object.__setattr__(self, name, value)
 
     # -- random numbers --------------------------------------------------------------------------
-    #: The block of uniforms drawn ahead (float64 [>= POOL]) or None; ``_cursor`` is [position in the block,
-    #: numbers handed out from earlier blocks since the generator was last brought level].
+    #: The block drawn ahead, or None: float64 uniforms (``_pool_kind`` 0) or int64 integers in [0, size)
+    #: (``_pool_kind`` = size). ``_cursor`` = [how many of it were handed out]; ``_pool_state`` is the
+    #: generator's state from before the block was drawn.
     _pool: np.ndarray | None = None
+    _pool_kind: int = 0
     _pooling: bool = False
 
     def _uniforms(self, n: int) -> np.ndarray:
         """float64 [n] uniforms on [0, 1): the numbers ``self._rng.random(n)`` would give, in the same order.
 
-        They come from a block drawn ahead on a copy of the generator (~0.1 us a call instead of ~0.45 us);
-        ``self._rng`` itself is advanced past the numbers handed out only when it is next needed
-        (:meth:`_sync`: ``state_dict``, the ``rng`` property, a draw of another kind), so every sample and
-        every saved state is bit for bit what drawing directly gives. A method that draws anything else from
-        ``self._rng`` calls :meth:`_sync` first. The result is a read-only-by-convention view into the block:
-        use it before the next draw."""
+        They come from a block of ``POOL`` drawn ahead (~0.1 us a call instead of ~0.45 us). The generator
+        is then ahead of the numbers handed out; :meth:`_sync` puts it back where direct draws would have
+        left it (the state from before the block, then the numbers handed out drawn again) whenever it is
+        needed: ``state_dict``, the ``rng`` property, a draw of another kind. So every sample and every saved
+        state is bit for bit what drawing directly gives. A method that draws anything else from
+        ``self._gen`` directly calls :meth:`_sync` first (``self._rng`` does). The result may be a view into the
+        block: use it before the next draw, and do not write to it."""
         pool = self._pool
-        if pool is not None:
+        if pool is not None and self._pool_kind == 0:
             cur = self._cursor
             p = cur[0]
             q = p + n
-            if q <= pool.shape[0]:
+            if p < q <= pool.shape[0]:
                 cur[0] = q
                 return pool[p:q]
-        return self._refill(n)
+        return self._refill(n, 0)
 
-    def _refill(self, n: int) -> np.ndarray:
-        if not self._pooling:
-            return self._rng.random(n)
+    def _integers(self, size: int, n: int) -> np.ndarray:
+        """int64 [n] in [0, size): what ``self._rng.integers(0, size, n)`` would give, from a block drawn ahead
+        as :meth:`_uniforms` draws its own. Calls of numpy's ``integers`` with one range concatenate: k draws
+        then m draw what one call of k + m draws, and leave the same state (numpy keeps the spare half of a
+        64-bit draw in the bit generator's state), so a block of them splits into calls exactly."""
         pool = self._pool
-        if pool is None:  # a copy of the generator draws the blocks; self._rng stays where it is
-            ahead = np.random.Generator(np.random.PCG64())
-            ahead.bit_generator.state = self._rng.bit_generator.state
-            self._ahead = ahead
-            left = pool = np.empty(0)
-            used = 0
-        else:  # the numbers not handed out yet stay first, in order
-            p, used = self._cursor
-            used += p
-            left = pool[p:]
-        k = left.shape[0]
-        block = np.empty(k + max(POOL, n))
-        block[:k] = left
-        self._ahead.random(out=block[k:])
-        self._pool = block
-        self._cursor = [n, used]
-        return block[:n]
+        if pool is not None and self._pool_kind == size:
+            cur = self._cursor
+            p = cur[0]
+            q = p + n
+            if p < q <= pool.shape[0]:
+                cur[0] = q
+                return pool[p:q]
+        return self._refill(n, size)
+
+    def _draw_direct(self, n: int, kind: int) -> np.ndarray:
+        return self._gen.random(n) if kind == 0 else self._gen.integers(0, kind, n)
+
+    def _refill(self, n: int, kind: int) -> np.ndarray:
+        """The slow path of :meth:`_uniforms` (kind 0) and :meth:`_integers` (kind = size): what is left of the
+        block, then a new block."""
+        if not self._pooling or n <= 0:  # (n <= 0: nothing to draw, or numpy's own error, as directly)
+            return self._draw_direct(n, kind)
+        pool = self._pool
+        head = None
+        if pool is not None:
+            if self._pool_kind == kind:  # drawn already and not handed out yet: these come first
+                head = pool[self._cursor[0]:]
+            else:
+                self._sync()
+        m = n if head is None else n - head.shape[0]
+        state = self._gen.bit_generator.state
+        block = self._draw_direct(max(POOL, m), kind)
+        self._pool, self._pool_kind, self._pool_state, self._cursor = block, kind, state, [m]
+        return block[:m] if head is None else np.concatenate((head, block[:m]))
 
     def _sync(self) -> None:
-        """Bring ``self._rng`` level with the numbers :meth:`_uniforms` handed out and drop the block."""
+        """Put the generator where drawing directly would have left it, and drop the block."""
         if self._pool is None:
             return
-        p, used = self._cursor
-        used += p
         object.__setattr__(self, "_pool", None)
+        self._gen.bit_generator.state = self._pool_state
+        used = self._cursor[0]
         if used:
-            bg = self._rng.bit_generator
-            before = bg.state
-            bg.advance(used)  # PCG64: one step per float64, as random() takes
-            if before["has_uint32"] or before["uinteger"]:  # advance() clears the 32-bit half integers() keeps
-                state = bg.state
-                state["has_uint32"], state["uinteger"] = before["has_uint32"], before["uinteger"]
-                bg.state = state
+            self._draw_direct(used, self._pool_kind)  # the numbers handed out, drawn again
 
     def sample(self, batch_size: int, beta: float, size: int, next_id: int
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -324,8 +362,7 @@ class Sampler:
         Only primary state is saved; what can be derived (trees from priorities, sorted orders) is
         rebuilt by :meth:`load_state_dict`, so a file cannot smuggle in inconsistent structures.
         """
-        self._sync()
-        return {"rng": _jsonable(self._rng.bit_generator.state)}, {}
+        return {"rng": _jsonable(self._rng.bit_generator.state)}, {}  # (self._rng: brought level first)
 
     def load_state_dict(self, meta: dict[str, Any], arrays: dict[str, np.ndarray], *, size: int,
                         next_id: int) -> None:

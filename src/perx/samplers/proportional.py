@@ -359,10 +359,10 @@ class Proportional(Sampler):
         pool = self._pool
         cur = self._cursor
         at = cur[0]
-        if pool is not None and at + batch_size <= pool.shape[0]:
+        if pool is not None and self._pool_kind == 0 and at < at + batch_size <= pool.shape[0]:
             cur[0] = at + batch_size
         else:
-            pool, at = self._refill(batch_size), 0
+            pool, at = self._refill(batch_size, 0), 0
         _SAMPLE_GATHER.fn(self._heap, self._mass, self._nblocks, self._g, pool, at, batch_size, self.stratified, beta,
                           self.normalize == "batch", self.importance_sampling, next_id, self.capacity, rows64, plan,
                           out)

@@ -353,7 +353,7 @@ class RankBased(_HeapSampler):
         """(k segments, each draw's segment, each draw's uniform): the random numbers of one batch."""
         k = batch_size if self.n_segments is None else self.n_segments
         if size >= k and k != batch_size:  # "sample a segment, then uniformly within it" (000 Sec. 3.3)
-            self._sync()  # integers and uniforms interleave: both from the generator itself
+            # integers and uniforms interleave: both from the generator itself (self._rng: brought level first)
             seg = self._rng.integers(0, k, batch_size)
             return k, seg, self._rng.random(batch_size)
         # one draw per segment: stratified (000 App. B.2.1)
@@ -503,7 +503,7 @@ class Greedy(Sampler):
         self._pstamp = np.zeros(0, np.int64)
 
     def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
+        super().__setstate__(state)
         self._heap = _greedy.allocate_heap(self.capacity)  # a copy on a 64-byte boundary again (speed only)
         self._heap[:] = state["_heap"]
 

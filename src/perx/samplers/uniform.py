@@ -27,10 +27,16 @@ def _finish_gather(slots, size, next_id, capacity, rows64, plan, out):
     _gather_rows(rows64, slots, out[24 * n :], plan)
 
 
-#: :func:`_finish_gather` without type dispatch (perx._jit): slots from the sampler's generator, the storage's
-#: rows and plan, the batch bytes made right before the call
-_FINISH_GATHER = Entry(_finish_gather, (array(int64, 1), int64, int64, int64, array(uint64, 2), array(int64, 2),
-                                        array(uint8, 1)))
+@njit(cache=True, nogil=True)
+def _finish_gather_at(pool, at, n, size, next_id, capacity, rows64, plan, out):
+    """:func:`_finish_gather` of the slots ``pool[at : at + n]`` (Sampler._integers's block, sliced here)."""
+    _finish_gather(pool[at : at + n], size, next_id, capacity, rows64, plan, out)
+
+
+#: :func:`_finish_gather_at` without type dispatch (perx._jit): slots from the sampler's generator (a block or
+#: a fresh array), the storage's rows and plan, the batch bytes made right before the call
+_FINISH_GATHER = Entry(_finish_gather_at, (array(int64, 1), int64, int64, int64, int64, int64, array(uint64, 2),
+                                           array(int64, 2), array(uint8, 1)))
 
 
 class Uniform(Sampler):
@@ -48,14 +54,29 @@ class Uniform(Sampler):
     def on_add_one(self, slot, id):
         pass  # nothing to record, as in on_add
 
+    def _slots(self, batch_size: int, size: int) -> np.ndarray:
+        """``self._rng.integers(0, size, batch_size)``: from a block drawn ahead once the buffer is full (the
+        range then stays the same; while it fills, every add changes it and a block would be drawn for
+        nothing)."""
+        if size == self.capacity:
+            return self._integers(size, batch_size)
+        return self._rng.integers(0, size, batch_size)  # (self._rng: brought level with any block first)
+
     def sample(self, batch_size, beta, size, next_id):
-        slots = self._rng.integers(0, size, batch_size)
-        return _finish(slots, size, next_id, self.capacity)
+        return _finish(self._slots(batch_size, size).copy(), size, next_id, self.capacity)
 
     fuses_gather = True
 
     def sample_gather(self, batch_size, beta, size, next_id, rows64, plan, out):
-        _FINISH_GATHER.fn(self._rng.integers(0, size, batch_size), size, next_id, self.capacity, rows64, plan, out)
+        # _slots and Sampler._integers inlined, the kernel slicing the block itself (~0.2 us a call)
+        pool = self._pool
+        cur = self._cursor
+        at = cur[0]
+        if pool is not None and self._pool_kind == size and at < at + batch_size <= pool.shape[0]:
+            cur[0] = at + batch_size
+        else:
+            pool, at = self._slots(batch_size, size), 0
+        _FINISH_GATHER.fn(pool, at, batch_size, size, next_id, self.capacity, rows64, plan, out)
 
     def sample_distinct(self, batch_size, beta, size, next_id):
         """A uniformly random subset; each draw's probability is still 1/N and every weight 1."""
