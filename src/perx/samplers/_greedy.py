@@ -80,11 +80,40 @@ def _sink(heap, r, end):
         c = 2 * r
         if c >= end:
             break
-        # Ask for the lines of the levels two and three below the children (rows 4c..4c+7 and 8c..8c+15: two
-        # and four aligned lines), whichever way the entry goes: a sink's path is only known one level at a
-        # time, and each of its lowest levels is a miss. Pops of 256 at 1e7 (with sample+update): 147-169 ->
-        # 112-115 us; one level ahead ~no gain, two to four levels 116-126 (ad-hoc
-        # /work/proto/session15/greedy.py). A prefetch is a hint (perx._prefetch): no value changes.
+        ck = heap[c, 0]
+        ct = heap[c, 1]
+        if c + 1 < end:
+            dk = heap[c + 1, 0]
+            dt = heap[c + 1, 1]
+            if dk > ck or (dk == ck and dt < ct):
+                c += 1
+                ck = dk
+                ct = dt
+        if not (ck > key or (ck == key and ct < tag)):
+            break
+        heap[r, 0] = ck
+        heap[r, 1] = ct
+        r = c
+    heap[r, 0] = key
+    heap[r, 1] = tag
+
+
+@njit(cache=True, nogil=True)
+def _sink_from_root(heap, r, end):
+    """:func:`_sink` for a pop, whose entry (the heap's last) sinks from the root to near the bottom: at each
+    level it asks for the lines two and three levels below the children (rows 4c..4c+7 and 8c..8c+15: two and
+    four aligned lines), whichever way the entry then goes, since the path is known one level at a time and
+    its lowest levels miss. Pops of 256 at 1e7 (with sample+update, caches evicted between blocks):
+    147-169 -> 112-115 us; one level ahead no clear gain, two to four levels 116-126 (ad-hoc
+    ``/work/proto/session15/greedy.py``). Not for the compaction's bottom-up heapify, whose short sinks only
+    pay for the hints (6.2 -> 9.7 ms at 1e6, ``gext.py``). A prefetch is a hint (perx._prefetch): the same
+    moves as :func:`_sink`."""
+    key = heap[r, 0]
+    tag = heap[r, 1]
+    while True:
+        c = 2 * r
+        if c >= end:
+            break
         prefetch(heap, 8 * c)
         prefetch(heap, 8 * c + 8)
         for j in range(0, 32, 8):
@@ -261,7 +290,7 @@ def top(heap, cur, key, meta, pid, pstamp, capacity, k, out):
         size -= 1
         i = (tag >> bits) + base
         prefetch(cur, i % capacity)  # the popped entry's liveness, read after the sink: its line on the way
-        _sink(heap, 1, size + 1)
+        _sink_from_root(heap, 1, size + 1)
         v = tag & mask
         if cur[i % capacity] == v:
             out[t] = i
