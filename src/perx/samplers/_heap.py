@@ -22,6 +22,13 @@ from perx._jit import Entry, array, boolean, contiguous, float64, int64, loose
 from perx._prefetch import AHEAD, prefetch
 from perx.samplers.base import check_update, ids_of_slots
 
+#: How many ancestors of a later new transition's position an add asks for (_place): a new transition enters
+#: at +inf and rises (~7 levels at 1e7, docs/speed.md), along a path known in advance. An extend of 256 rows
+#: with caches evicted between blocks (ad-hoc /work/proto/session15/rext.py, interleaved with the code before):
+#: 25.2-26.6 -> 18.2-18.5 us at 1e6 and 35.5-36.7 -> 26.5-32.1 at 1e7 for 4 to 8 ancestors. Updates move up or
+#: down, and asking for their ancestors too made sample+update slower (55-58 -> 75 us at 1e6 with 8).
+UP = 8
+
 
 @njit(cache=True, nogil=True)
 def sift(keys, ids, pos, h, size, capacity):
@@ -101,6 +108,13 @@ def _place(keys, ids, pos, state, slots, new_ids, values, count, capacity, next_
             if ahead >= 0:
                 prefetch(keys, ahead)
                 prefetch(ids, ahead)
+                a = ahead
+                for _ in range(UP if adding else 0):  # the lines its rise will read (UP, above)
+                    a = (a - 1) >> 1
+                    if a < 0:
+                        break
+                    prefetch(keys, a)
+                    prefetch(ids, a)
         s = slots[b]
         h = pos[s]
         if adding:
