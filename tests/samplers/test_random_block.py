@@ -1,4 +1,4 @@
-"""Uniforms drawn ahead in blocks (Sampler._uniforms) give exactly what drawing them one call at a time gives.
+"""Uniforms drawn ahead in blocks (Sampler._numbers) give exactly what drawing them one call at a time gives.
 
 The reference in each test is the same sampler with the block turned off: taking ``sampler.rng`` makes a
 sampler draw from its generator directly from then on, which is what every sampler did before the blocks.
@@ -150,7 +150,7 @@ def test_other_bit_generators_are_drawn_from_directly():
 
 
 def test_numpy_integers_calls_of_one_range_concatenate():
-    # what Sampler._integers relies on: k draws then m draws give one call of k + m, and the same state
+    # what Sampler._numbers relies on for integers: k draws then m draws give one call of k + m, and the same state
     for seed in range(4):
         a, b = np.random.default_rng(seed), np.random.default_rng(seed)
         sizes = (1, 7, 300, 5, POOL, 1, 33)

@@ -72,52 +72,28 @@ def allocate(capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
 
 
 @njit(cache=True, nogil=True)
-def _sink(heap, r, end):
-    """Move the entry at row r down to its place; rows [1, end) hold the heap."""
-    key = heap[r, 0]
-    tag = heap[r, 1]
-    while True:
-        c = 2 * r
-        if c >= end:
-            break
-        ck = heap[c, 0]
-        ct = heap[c, 1]
-        if c + 1 < end:
-            dk = heap[c + 1, 0]
-            dt = heap[c + 1, 1]
-            if dk > ck or (dk == ck and dt < ct):
-                c += 1
-                ck = dk
-                ct = dt
-        if not (ck > key or (ck == key and ct < tag)):
-            break
-        heap[r, 0] = ck
-        heap[r, 1] = ct
-        r = c
-    heap[r, 0] = key
-    heap[r, 1] = tag
+def _sink(heap, r, end, ahead):
+    """Move the entry at row r down to its place; rows [1, end) hold the heap.
 
-
-@njit(cache=True, nogil=True)
-def _sink_from_root(heap, r, end):
-    """:func:`_sink` for a pop, whose entry (the heap's last) sinks from the root to near the bottom: at each
-    level it asks for the lines two and three levels below the children (rows 4c..4c+7 and 8c..8c+15: two and
-    four aligned lines), whichever way the entry then goes, since the path is known one level at a time and
-    its lowest levels miss. Pops of 256 at 1e7 (with sample+update, caches evicted between blocks):
-    147-169 -> 112-115 us; one level ahead no clear gain, two to four levels 116-126 (ad-hoc
+    With ``ahead`` (a pop, whose entry, the heap's last, sinks from the root to near the bottom), each level
+    asks for the lines two and three levels below the children (rows 4c..4c+7 and 8c..8c+15: two and four
+    aligned lines), whichever way the entry then goes, since the path is known one level at a time and its
+    lowest levels miss. Pops of 256 at 1e7 (with sample+update, caches evicted between blocks): 147-169 ->
+    112-115 us; one level ahead no clear gain, two to four levels 116-126 (ad-hoc
     ``/work/proto/session15/greedy.py``). Not for the compaction's bottom-up heapify, whose short sinks only
-    pay for the hints (6.2 -> 9.7 ms at 1e6, ``gext.py``). A prefetch is a hint (perx._prefetch): the same
-    moves as :func:`_sink`."""
+    pay for the hints (6.2 -> 9.7 ms at 1e6, ``gext.py``). A prefetch is a hint (perx._prefetch): the moves
+    are the same either way."""
     key = heap[r, 0]
     tag = heap[r, 1]
     while True:
         c = 2 * r
         if c >= end:
             break
-        prefetch(heap, 8 * c)
-        prefetch(heap, 8 * c + 8)
-        for j in range(0, 32, 8):
-            prefetch(heap, 16 * c + j)
+        if ahead:
+            prefetch(heap, 8 * c)
+            prefetch(heap, 8 * c + 8)
+            for j in range(0, 32, 8):
+                prefetch(heap, 16 * c + j)
         ck = heap[c, 0]
         ct = heap[c, 1]
         if c + 1 < end:
@@ -175,7 +151,7 @@ def _compact(heap, cur, meta, pid, pstamp, capacity, base):
         if cur[s] > 0:
             cur[s] = 0
     for r in range(n // 2, 0, -1):
-        _sink(heap, r, n + 1)
+        _sink(heap, r, n + 1, False)
     meta[HEAP] = n
     meta[STAMP] = 0
     meta[BASE] = base
@@ -289,10 +265,11 @@ def top(heap, cur, key, meta, pid, pstamp, capacity, k, out):
         heap[1, 1] = heap[size, 1]
         size -= 1
         i = (tag >> bits) + base
-        prefetch(cur, i % capacity)  # the popped entry's liveness, read after the sink: its line on the way
-        _sink_from_root(heap, 1, size + 1)
+        slot = i % capacity
+        prefetch(cur, slot)  # the popped entry's liveness, read after the sink: its line on the way
+        _sink(heap, 1, size + 1, True)
         v = tag & mask
-        if cur[i % capacity] == v:
+        if cur[slot] == v:
             out[t] = i
             pid[t] = i
             pstamp[t] = v

@@ -22,9 +22,9 @@ from numba import njit
 from perx._jit import Entry, boolean, float64, int64, loose
 from perx._validation import _short
 
-#: Random numbers a sampler draws ahead at a time (:meth:`Sampler._uniforms`, :meth:`Sampler._integers`;
-#: 16 KB): a block of 2,048 uniforms costs ~4.3 us, ~2 ns a number, against ~0.45 us for each call of
-#: ``rng.random(n)`` at B = 1 (``rng.integers(0, size, 1)``: ~2.7 us).
+#: Random numbers a sampler draws ahead at a time (:meth:`Sampler._numbers`; 16 KB): a block of 2,048 uniforms
+#: costs ~4.3 us, ~2 ns a number, against ~0.45 us for each call of ``rng.random(n)`` at B = 1
+#: (``rng.integers(0, size, 1)``: ~2.7 us).
 POOL = 2048
 
 #: Kernel return codes (>= 0 means "applied this many").
@@ -159,7 +159,7 @@ class Sampler:
     def _rng(self) -> np.random.Generator:
         """The generator for a draw made now: brought level with the numbers handed out first
         (:meth:`_sync`), so a method of a subclass that draws from it directly gets the numbers that come
-        next. The block resumes at the next :meth:`_uniforms` or :meth:`_integers`."""
+        next. The block resumes at the next :meth:`_numbers`."""
         self._sync()
         return self._gen
 
@@ -217,47 +217,36 @@ class Sampler:
     _pool_kind: int = 0
     _pooling: bool = False
 
-    def _uniforms(self, n: int) -> np.ndarray:
-        """float64 [n] uniforms on [0, 1): the numbers ``self._rng.random(n)`` would give, in the same order.
+    def _numbers(self, n: int, kind: int) -> np.ndarray:
+        """n random numbers, as the sampler's generator would give them drawn directly, in the same order:
+        ``kind`` 0, float64 uniforms on [0, 1) (``random(n)``); ``kind`` = size, int64 integers in [0, size)
+        (``integers(0, size, n)``).
 
-        They come from a block of ``POOL`` drawn ahead (~0.1 us a call instead of ~0.45 us). The generator
-        is then ahead of the numbers handed out; :meth:`_sync` puts it back where direct draws would have
-        left it (the state from before the block, then the numbers handed out drawn again) whenever it is
-        needed: ``state_dict``, the ``rng`` property, a draw of another kind. So every sample and every saved
-        state is bit for bit what drawing directly gives. A method that draws anything else from
-        ``self._gen`` directly calls :meth:`_sync` first (``self._rng`` does). The result may be a view into the
-        block: use it before the next draw, and do not write to it."""
+        They come from a block of ``POOL`` drawn ahead (~0.1 us a call instead of ~0.45 us for uniforms, ~2.7 us
+        for integers). Calls of numpy's ``integers`` with one range concatenate (k draws then m draw what one
+        call of k + m draws, and leave the same state: numpy keeps the spare half of a 64-bit draw in the bit
+        generator's state), so a block of either kind splits into calls exactly. The generator is then ahead
+        of the numbers handed out; :meth:`_sync` puts it back where direct draws would have left it (the state
+        from before the block, then the numbers handed out drawn again) whenever it is needed:
+        ``state_dict``, the ``rng`` property, a draw of another kind. So every sample and every saved state is
+        bit for bit what drawing directly gives. A method that draws anything else from ``self._gen``
+        directly calls :meth:`_sync` first (``self._rng`` does). The result may be a view into the block: use
+        it before the next draw, and do not write to it."""
         pool = self._pool
-        if pool is not None and self._pool_kind == 0:
+        if pool is not None and self._pool_kind == kind:
             cur = self._cursor
             p = cur[0]
             q = p + n
             if p < q <= pool.shape[0]:
                 cur[0] = q
                 return pool[p:q]
-        return self._refill(n, 0)
-
-    def _integers(self, size: int, n: int) -> np.ndarray:
-        """int64 [n] in [0, size): what ``self._rng.integers(0, size, n)`` would give, from a block drawn ahead
-        as :meth:`_uniforms` draws its own. Calls of numpy's ``integers`` with one range concatenate: k draws
-        then m draw what one call of k + m draws, and leave the same state (numpy keeps the spare half of a
-        64-bit draw in the bit generator's state), so a block of them splits into calls exactly."""
-        pool = self._pool
-        if pool is not None and self._pool_kind == size:
-            cur = self._cursor
-            p = cur[0]
-            q = p + n
-            if p < q <= pool.shape[0]:
-                cur[0] = q
-                return pool[p:q]
-        return self._refill(n, size)
+        return self._refill(n, kind)
 
     def _draw_direct(self, n: int, kind: int) -> np.ndarray:
         return self._gen.random(n) if kind == 0 else self._gen.integers(0, kind, n)
 
     def _refill(self, n: int, kind: int) -> np.ndarray:
-        """The slow path of :meth:`_uniforms` (kind 0) and :meth:`_integers` (kind = size): what is left of the
-        block, then a new block."""
+        """The slow path of :meth:`_numbers`: what is left of the block, then a new block."""
         if not self._pooling or n <= 0:  # (n <= 0: nothing to draw, or numpy's own error, as directly)
             return self._draw_direct(n, kind)
         pool = self._pool

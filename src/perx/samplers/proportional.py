@@ -79,7 +79,7 @@ def _sample_gather(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_
 @njit(cache=True, nogil=True)
 def _sample_gather_at(heap, mass, nblocks, g, pool, at, n, stratified, beta, batch_norm, use_weights, next_id,
                       capacity, rows64, plan, out):
-    """:func:`_sample_gather` with the uniforms ``pool[at : at + n]`` (perx.samplers.base.Sampler._uniforms's
+    """:func:`_sample_gather` with the uniforms ``pool[at : at + n]`` (perx.samplers.base.Sampler._numbers's
     block: a slice made here costs nothing, one made in Python ~0.1 us)."""
     _sample_gather(heap, mass, nblocks, g, pool[at : at + n], stratified, beta, batch_norm, use_weights, next_id,
                    capacity, rows64, plan, out)
@@ -346,7 +346,7 @@ class Proportional(Sampler):
     def sample(self, batch_size, beta, size, next_id):
         if not self._heap[1, 0] > 0.0:
             raise self._no_mass(size, "sample")
-        u = self._uniforms(batch_size)
+        u = self._numbers(batch_size, 0)
         return _sample(self._heap, self._mass, self._nblocks, self._g, u, self.stratified,
                        beta, self.normalize == "batch", self.importance_sampling, next_id, self.capacity)
 
@@ -355,7 +355,7 @@ class Proportional(Sampler):
     def sample_gather(self, batch_size, beta, size, next_id, rows64, plan, out):
         if not self._heap[1, 0] > 0.0:
             raise self._no_mass(size, "sample")
-        # Sampler._uniforms inlined, the kernel slicing the block itself (~0.1 us a call)
+        # Sampler._numbers inlined, the kernel slicing the block itself (~0.1 us a call)
         pool = self._pool
         cur = self._cursor
         at = cur[0]

@@ -357,7 +357,7 @@ class RankBased(_HeapSampler):
             seg = self._rng.integers(0, k, batch_size)
             return k, seg, self._rng.random(batch_size)
         # one draw per segment: stratified (000 App. B.2.1)
-        return k, np.arange(batch_size), self._uniforms(batch_size)
+        return k, np.arange(batch_size), self._numbers(batch_size, 0)
 
     def sample(self, batch_size, beta, size, next_id):
         k, seg, u = self._draw(batch_size, size)

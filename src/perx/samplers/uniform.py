@@ -29,7 +29,7 @@ def _finish_gather(slots, size, next_id, capacity, rows64, plan, out):
 
 @njit(cache=True, nogil=True)
 def _finish_gather_at(pool, at, n, size, next_id, capacity, rows64, plan, out):
-    """:func:`_finish_gather` of the slots ``pool[at : at + n]`` (Sampler._integers's block, sliced here)."""
+    """:func:`_finish_gather` of the slots ``pool[at : at + n]`` (Sampler._numbers's block, sliced here)."""
     _finish_gather(pool[at : at + n], size, next_id, capacity, rows64, plan, out)
 
 
@@ -59,7 +59,7 @@ class Uniform(Sampler):
         range then stays the same; while it fills, every add changes it and a block would be drawn for
         nothing)."""
         if size == self.capacity:
-            return self._integers(size, batch_size)
+            return self._numbers(batch_size, size)
         return self._rng.integers(0, size, batch_size)  # (self._rng: brought level with any block first)
 
     def sample(self, batch_size, beta, size, next_id):
@@ -68,7 +68,7 @@ class Uniform(Sampler):
     fuses_gather = True
 
     def sample_gather(self, batch_size, beta, size, next_id, rows64, plan, out):
-        # _slots and Sampler._integers inlined, the kernel slicing the block itself (~0.2 us a call)
+        # _slots and Sampler._numbers inlined, the kernel slicing the block itself (~0.2 us a call)
         pool = self._pool
         cur = self._cursor
         at = cur[0]
