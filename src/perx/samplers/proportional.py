@@ -19,7 +19,7 @@ from numba import njit
 
 from perx import _blocktree
 from perx._jit import Entry, array, boolean, contiguous, float64, int64, loose, uint8, uint64
-from perx._prefetch import AHEAD, prefetch_write
+from perx._prefetch import prefetch_write
 from perx._validation import check_bool, check_choice, check_real
 from perx.samplers.base import Sampler, add_fits, check_update, raise_bad_update, update_fits
 from perx.storage import _gather_rows
@@ -51,19 +51,8 @@ def _weight(mass, ref, beta):
     return np.exp(-beta * (np.log(mass) - np.log(ref)))
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _ask_for_update(prio, slots, n):
-    """Ask for the lines of the raw priorities of the n drawn slots (perx._prefetch), which the
-    ``update_priorities`` that follows a sample writes: the only lines an update needs that the sample has not
-    read (the masses and the search's nodes are cached). They arrive while Python builds the batch (or the
-    networks run), instead of in the update: at N = 1e7, B = 256 the update 14.6-15.3 -> 11.8 us and the
-    pair 53.0-53.6 -> 51.1-51.3 us (ad-hoc /work/proto/session16/grow.py). A hint only: nothing changes."""
-    for b in range(n):
-        prefetch_write(prio, slots[b])
-
-
 @njit(cache=True, nogil=True)
-def _sample(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity, prio):
+def _sample(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity):
     n = u.shape[0]
     slots = np.empty(n, np.int64)
     ids = np.empty(n, np.int64)
@@ -71,13 +60,12 @@ def _sample(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights
     weights = np.empty(n)
     _sample_into(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity,
                  slots, ids, probs, weights)
-    _ask_for_update(prio, slots, n)
     return slots, ids, probs, weights
 
 
 @njit(cache=True, nogil=True)
 def _sample_gather(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity,
-                   prio, rows64, plan, out):
+                   rows64, plan, out):
     """:func:`_sample` writing ids, probabilities and weights into ``out``'s first 24 * B bytes, then the
     drawn rows after them (:func:`perx.storage._gather_rows`): one call, nothing handed back."""
     n = u.shape[0]
@@ -86,16 +74,15 @@ def _sample_gather(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_
                  slots, out[: 8 * n].view(np.int64), out[8 * n : 16 * n].view(np.float64),
                  out[16 * n : 24 * n].view(np.float64))
     _gather_rows(rows64, slots, out[24 * n :], plan)
-    _ask_for_update(prio, slots, n)  # after the gather, whose own misses come first
 
 
 @njit(cache=True, nogil=True)
 def _sample_gather_at(heap, mass, nblocks, g, pool, at, n, stratified, beta, batch_norm, use_weights, next_id,
-                      capacity, prio, rows64, plan, out):
+                      capacity, rows64, plan, out):
     """:func:`_sample_gather` with the uniforms ``pool[at : at + n]`` (perx.samplers.base.Sampler._numbers's
     block: a slice made here costs nothing, one made in Python ~0.1 us)."""
     _sample_gather(heap, mass, nblocks, g, pool[at : at + n], stratified, beta, batch_norm, use_weights, next_id,
-                   capacity, prio, rows64, plan, out)
+                   capacity, rows64, plan, out)
 
 
 @njit(cache=True, nogil=True)
@@ -141,10 +128,28 @@ def _priority(v, raw, eps, floor):
     return floor if p < floor else p
 
 
+#: An update asks for the lines of its first EARLY slots before its checks, then each later one EARLY writes
+#: ahead (change 31 in docs/speed.md): 256 updates at 1e7 14.2-15.1 -> 13.4-13.9 us, asked for 16 ahead before
+#: (ad-hoc /work/proto/session16/grow.py, interleaved with the code before).
+EARLY = 256
+
+
 @njit(cache=True, nogil=True)
 def _update(heap, mass, nblocks, g, max_nodes, prio, leaf_base, ids, values, next_id, capacity,
             raw, eps, floor, alpha, state, track_max, max_mass):
     n = ids.shape[0]
+    # each id's slot, -1 if stale (the slot now holds a newer transition); the lines the writes below need for
+    # the first EARLY of them asked for at once (perx._prefetch; a hint, harmless for an update refused below),
+    # so they arrive while the checks and the masses' powers run, and the others EARLY writes ahead
+    oldest = next_id - capacity
+    where = np.empty(n, np.int64)
+    for b in range(n):
+        i = ids[b]
+        s = i % capacity if i >= oldest else -1
+        where[b] = s
+        if b < EARLY and s >= 0:
+            prefetch_write(prio, s)
+            prefetch_write(mass, s)
     # Pass 1 validates everything, pass 2 writes: a refused update leaves every array untouched.
     code = check_update(ids, values, next_id, capacity, raw)
     if code < 0:
@@ -157,19 +162,12 @@ def _update(heap, mass, nblocks, g, max_nodes, prio, leaf_base, ids, values, nex
             top = p
     if not _mass(top, alpha) <= max_mass:
         return BAD_MASS
-    oldest = next_id - capacity
-    # each id's slot, -1 if stale (the slot now holds a newer transition): known ahead, so the lines the
-    # writes below need can be asked for AHEAD updates early (perx._prefetch)
-    where = np.empty(n, np.int64)
-    for b in range(n):
-        i = ids[b]
-        where[b] = i % capacity if i >= oldest else -1
     slots = np.empty(n, np.int64)
     count = 0
     for b in range(n):
-        if b + AHEAD < n and where[b + AHEAD] >= 0:
-            prefetch_write(prio, where[b + AHEAD])
-            prefetch_write(mass, where[b + AHEAD])
+        if b + EARLY < n and where[b + EARLY] >= 0:
+            prefetch_write(prio, where[b + EARLY])
+            prefetch_write(mass, where[b + EARLY])
         s = where[b]
         if s < 0:
             continue
@@ -361,8 +359,7 @@ class Proportional(Sampler):
             raise self._no_mass(size, "sample")
         u = self._numbers(batch_size, 0)
         return _sample(self._heap, self._mass, self._nblocks, self._g, u, self.stratified,
-                       beta, self.normalize == "batch", self.importance_sampling, next_id, self.capacity,
-                       self._priority)
+                       beta, self.normalize == "batch", self.importance_sampling, next_id, self.capacity)
 
     fuses_gather = True
 
@@ -378,8 +375,8 @@ class Proportional(Sampler):
         else:
             pool, at = self._refill(batch_size, 0), 0
         _SAMPLE_GATHER.fn(self._heap, self._mass, self._nblocks, self._g, pool, at, batch_size, self.stratified, beta,
-                          self.normalize == "batch", self.importance_sampling, next_id, self.capacity, self._priority,
-                          rows64, plan, out)
+                          self.normalize == "batch", self.importance_sampling, next_id, self.capacity, rows64, plan,
+                          out)
 
     def update(self, ids, values, next_id, *, raw):
         update = _UPDATE.fn if update_fits(ids, values) else _update
@@ -479,8 +476,7 @@ class Proportional(Sampler):
 # contiguity checked before the call).
 _F2, _F1 = array(float64, 2), array(float64, 1)
 _SAMPLE_GATHER = Entry(_sample_gather_at, (_F2, _F1, int64, int64, _F1, int64, int64, boolean, float64, boolean,
-                                           boolean, int64, int64, _F1, array(uint64, 2), array(int64, 2),
-                                           array(uint8, 1)))
+                                           boolean, int64, int64, array(uint64, 2), array(int64, 2), array(uint8, 1)))
 _UPDATE = Entry(_update, (_F2, _F1, int64, int64, _F1, _F1, int64, loose(int64, 1), loose(float64, 1), int64,
                           int64, boolean, float64, float64, float64, _F1, boolean, float64))
 _ADD = Entry(_add, (_F2, _F1, int64, int64, _F1, _F1, int64, contiguous(int64, 1), float64, _F1, boolean, float64,
