@@ -64,25 +64,17 @@ def _sample(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights
 
 
 @njit(cache=True, nogil=True)
-def _sample_gather(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity,
-                   rows64, plan, out):
-    """:func:`_sample` writing ids, probabilities and weights into ``out``'s first 24 * B bytes, then the
-    drawn rows after them (:func:`perx.storage._gather_rows`): one call, nothing handed back."""
-    n = u.shape[0]
+def _sample_gather(heap, mass, nblocks, g, pool, at, n, stratified, beta, batch_norm, use_weights, next_id,
+                   capacity, rows64, plan, out):
+    """:func:`_sample` of the uniforms ``pool[at : at + n]`` (perx.samplers.base.Sampler._numbers's block: a
+    slice made here costs nothing, one made in Python ~0.1 us), writing ids, probabilities and weights into
+    ``out``'s first 24 * n bytes, then the drawn rows after them (:func:`perx.storage._gather_rows`): one
+    call, nothing handed back."""
     slots = np.empty(n, np.int64)
-    _sample_into(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights, next_id, capacity,
-                 slots, out[: 8 * n].view(np.int64), out[8 * n : 16 * n].view(np.float64),
+    _sample_into(heap, mass, nblocks, g, pool[at : at + n], stratified, beta, batch_norm, use_weights, next_id,
+                 capacity, slots, out[: 8 * n].view(np.int64), out[8 * n : 16 * n].view(np.float64),
                  out[16 * n : 24 * n].view(np.float64))
     _gather_rows(rows64, slots, out[24 * n :], plan)
-
-
-@njit(cache=True, nogil=True)
-def _sample_gather_at(heap, mass, nblocks, g, pool, at, n, stratified, beta, batch_norm, use_weights, next_id,
-                      capacity, rows64, plan, out):
-    """:func:`_sample_gather` with the uniforms ``pool[at : at + n]`` (perx.samplers.base.Sampler._numbers's
-    block: a slice made here costs nothing, one made in Python ~0.1 us)."""
-    _sample_gather(heap, mass, nblocks, g, pool[at : at + n], stratified, beta, batch_norm, use_weights, next_id,
-                   capacity, rows64, plan, out)
 
 
 @njit(cache=True, nogil=True)
@@ -475,7 +467,7 @@ class Proportional(Sampler):
 # slots of new transitions are contiguous, ids and values of an update take any strides (dtype, rank and
 # contiguity checked before the call).
 _F2, _F1 = array(float64, 2), array(float64, 1)
-_SAMPLE_GATHER = Entry(_sample_gather_at, (_F2, _F1, int64, int64, _F1, int64, int64, boolean, float64, boolean,
+_SAMPLE_GATHER = Entry(_sample_gather, (_F2, _F1, int64, int64, _F1, int64, int64, boolean, float64, boolean,
                                            boolean, int64, int64, array(uint64, 2), array(int64, 2), array(uint8, 1)))
 _UPDATE = Entry(_update, (_F2, _F1, int64, int64, _F1, _F1, int64, loose(int64, 1), loose(float64, 1), int64,
                           int64, boolean, float64, float64, float64, _F1, boolean, float64))

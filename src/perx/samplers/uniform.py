@@ -18,25 +18,20 @@ def _finish(slots, size, next_id, capacity):
 
 
 @njit(cache=True, nogil=True)
-def _finish_gather(slots, size, next_id, capacity, rows64, plan, out):
-    # _finish into the batch bytes (ids, probabilities, weights), then the rows: one call, nothing handed back
-    n = slots.shape[0]
+def _finish_gather(pool, at, n, size, next_id, capacity, rows64, plan, out):
+    # _finish of the slots pool[at : at + n] (Sampler._numbers's block, sliced here) into the batch bytes (ids,
+    # probabilities, weights), then the rows: one call, nothing handed back
+    slots = pool[at : at + n]
     out[: 8 * n].view(np.int64)[:] = ids_of_slots(slots, next_id, capacity)
     out[8 * n : 16 * n].view(np.float64)[:] = 1.0 / size
     out[16 * n : 24 * n].view(np.float64)[:] = 1.0
     _gather_rows(rows64, slots, out[24 * n :], plan)
 
 
-@njit(cache=True, nogil=True)
-def _finish_gather_at(pool, at, n, size, next_id, capacity, rows64, plan, out):
-    """:func:`_finish_gather` of the slots ``pool[at : at + n]`` (Sampler._numbers's block, sliced here)."""
-    _finish_gather(pool[at : at + n], size, next_id, capacity, rows64, plan, out)
-
-
-#: :func:`_finish_gather_at` without type dispatch (perx._jit): slots from the sampler's generator (a block or
+#: :func:`_finish_gather` without type dispatch (perx._jit): slots from the sampler's generator (a block or
 #: a fresh array), the storage's rows and plan, the batch bytes made right before the call
-_FINISH_GATHER = Entry(_finish_gather_at, (array(int64, 1), int64, int64, int64, int64, int64, array(uint64, 2),
-                                           array(int64, 2), array(uint8, 1)))
+_FINISH_GATHER = Entry(_finish_gather, (array(int64, 1), int64, int64, int64, int64, int64, array(uint64, 2),
+                                        array(int64, 2), array(uint8, 1)))
 
 
 class Uniform(Sampler):
