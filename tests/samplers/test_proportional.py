@@ -101,6 +101,25 @@ def test_all_zero_priorities_cannot_be_sampled():
         buf.sample(2)
 
 
+def test_refused_sample_with_numbers_drawn_ahead_hands_none_out():
+    """With a block of random numbers already drawn, the no-mass check is the compiled call's: a refused
+    sample (plain or ``out=``) must leave the generator where a buffer that never tried it is."""
+    bufs = [filled(perx.Proportional(eps=0.0), capacity=8, seed=5) for _ in range(2)]
+    batches = [buf.sample(2) for buf in bufs]
+    for buf, batch in zip(bufs, batches, strict=True):
+        buf.sample(2, out=batch)  # a batch refilled once takes the shortest path of sample(out=)
+        buf.set_priorities(np.arange(8), np.zeros(8))
+    tried = bufs[0]
+    assert tried.sampler._pool is not None  # the path under test: numbers drawn ahead, none left unused
+    for kwargs in ({}, {"out": batches[0]}):
+        with pytest.raises(ValueError, match="priority 0"):
+            tried.sample(2, **kwargs)
+    for buf in bufs:
+        buf.set_priorities(np.arange(8), np.arange(1.0, 9.0))
+    np.testing.assert_array_equal(bufs[0].sample(64).indices, bufs[1].sample(64).indices)
+    assert_same(snapshot(bufs[0]), snapshot(bufs[1]))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
