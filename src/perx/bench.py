@@ -22,7 +22,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -42,7 +42,7 @@ class _Values(dict):
         super().__init__()
         self.pool = pool
 
-    def __missing__(self, b: int):
+    def __missing__(self, b: int) -> Iterator[np.ndarray]:
         cycle = self[b] = itertools.cycle([row[:b] for row in self.pool])
         return cycle
 
