@@ -543,3 +543,54 @@ def test_an_exact_batch_is_stored_as_the_general_path_stores_it(rows):
         mixed = {**batch, **other}
         assert _outcome(fast.extend, **mixed) == _outcome(slow.extend, **mixed)
         np.testing.assert_array_equal(fast._storage.rows, slow._storage.rows)
+
+
+def _same_sampler(a, b):
+    """Every array a sampler holds (its trees and heaps included, not only its saved state) is the same."""
+    arrays = {k: v for k, v in vars(a).items() if isinstance(v, np.ndarray)}
+    assert arrays.keys() == {k for k, v in vars(b).items() if isinstance(v, np.ndarray)}
+    for k, v in arrays.items():
+        np.testing.assert_array_equal(v, vars(b)[k], err_msg=k)
+    if hasattr(a, "max_tree"):
+        np.testing.assert_array_equal(a.max_tree.nodes, b.max_tree.nodes)
+
+
+@pytest.mark.parametrize("make", [lambda: perx.Proportional(alpha=0.6),
+                                  lambda: perx.Proportional(alpha=0.6, max_priority="buffer"),
+                                  lambda: perx.RankBased(alpha=0.7), lambda: perx.Greedy(), lambda: perx.Uniform()])
+def test_an_extend_of_exact_arrays_leaves_storage_and_sampler_as_the_general_path_does(make):
+    spec = {"o": ((2, 3), np.float32), "v": ((4,), np.float32), "a": ((), np.int64), "k": ((1,), np.uint8)}
+    rng = np.random.default_rng(5)
+    fast = perx.ReplayBuffer(11, make(), spec=spec, seed=0)
+    slow = _general(perx.ReplayBuffer(11, make(), spec=spec, seed=0))
+    wide = rng.standard_normal((40, 8), dtype=np.float32)
+    for step, rows in enumerate([3, 4, 1, 5, 2, 11, 14, 6, 3]):  # wrap-arounds and oversized batches included
+        batch = {"o": rng.standard_normal((rows, 2, 3), dtype=np.float32),
+                 # strided rows and, every other step, a last axis with gaps (general path for that batch)
+                 "v": wide[: 2 * rows : 2, :4] if step % 2 else wide[:rows, ::2],
+                 "a": rng.integers(0, 9, rows), "k": rng.integers(0, 255, (rows, 1), dtype=np.uint8)}
+        np.testing.assert_array_equal(fast.extend(**batch), slow.extend(**batch))
+        np.testing.assert_array_equal(fast._storage.rows, slow._storage.rows)
+        _same_sampler(fast.sampler, slow.sampler)
+        ids = fast.sample(3, beta=0.5).indices
+        np.testing.assert_array_equal(ids, slow.sample(3, beta=0.5).indices)
+        td = rng.random(3) * step
+        fast.update_priorities(ids, td)
+        slow.update_priorities(ids, td)
+    assert fast._storage.next_id == slow._storage.next_id == 49
+
+
+def test_an_extend_the_fast_path_takes_writes_once_and_hands_the_sampler_a_range(monkeypatch):
+    buf = perx.ReplayBuffer(8, perx.Proportional(), spec={"o": ((3,), np.float32), "a": ((), np.int64)})
+    written = []
+    real = Storage.write
+    monkeypatch.setattr(Storage, "write", lambda self, *a, **k: written.append(1) or real(self, *a, **k))
+    ranges = []
+    real_range = perx.Proportional.on_add_range
+    monkeypatch.setattr(perx.Proportional, "on_add_range",
+                        lambda self, first, ids: ranges.append((first, ids.tolist())) or real_range(self, first, ids))
+    o, a = np.zeros((3, 3), np.float32), np.arange(3)
+    assert buf.extend(o=o, a=a).tolist() == [0, 1, 2] and buf.extend(o=o, a=a).tolist() == [3, 4, 5]
+    assert written == [] and ranges == [(0, [0, 1, 2]), (3, [3, 4, 5])]
+    assert buf.extend(o=o, a=a).tolist() == [6, 7, 8]  # wraps round: the general path
+    assert written == [1] and len(ranges) == 2

@@ -228,6 +228,13 @@ class ReplayBuffer:
             ValueError / TypeError: as ``add``, or fields with different batch lengths; nothing is
                 stored then.
         """
+        if stream is None and self._episodes is None:
+            storage = self._storage
+            start = storage.write_batch(transitions)
+            if start is not None:  # the common case: arrays that need no conversion, no wrap round the ring
+                ids = np.arange(start, storage.next_id, dtype=_int64)
+                self.sampler.on_add_range(start % storage.capacity, ids)
+                return ids
         return self._write(transitions, stream, batched=True)
 
     def _write(self, fields: dict, stream: Any, *, batched: bool) -> np.ndarray:

@@ -185,7 +185,7 @@ def test_single_adds_leave_every_tree_bit_identical_to_one_row_extends(kwargs):
         np.testing.assert_array_equal(a.max_tree.nodes, b.max_tree.nodes)
 
 
-def test_a_redefined_on_add_sees_single_adds_whether_set_on_the_class_or_on_the_instance():
+def test_a_redefined_on_add_sees_single_adds_and_extends_whether_set_on_the_class_or_on_the_instance():
     seen = []
 
     class Logged(perx.Proportional):
@@ -196,8 +196,11 @@ def test_a_redefined_on_add_sees_single_adds_whether_set_on_the_class_or_on_the_
     buf = perx.ReplayBuffer(8, Logged(), seed=0)
     buf.add(x=1.0)
     buf.extend(x=[2.0, 3.0])
+    buf.extend(x=np.array([4.0, 5.0]))  # exact arrays: extend's shortest path
     plain = perx.ReplayBuffer(8, perx.Uniform(), seed=0)
-    plain.sampler.on_add = lambda slots, ids: seen.append(-ids)
+    plain.sampler.on_add = lambda slots, ids: seen.append((-ids).tolist())
     plain.add(x=1.0)
-    assert seen[:2] == [[0], [1, 2]] and seen[2].tolist() == [0]
+    plain.extend(x=np.array([2.0, 3.0]))
+    assert seen == [[0], [1, 2], [3, 4], [0], [-1, -2]]
     assert perx.Proportional.on_add_one is not Logged.on_add_one
+    assert perx.Proportional.on_add_range is not Logged.on_add_range

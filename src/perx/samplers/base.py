@@ -114,11 +114,13 @@ class Sampler:
         # redefining how it samples) must not be bypassed by the inherited fused path.
         mro = cls.__mro__
         owner = {name: next(i for i, c in enumerate(mro) if name in c.__dict__)
-                 for name in ("sample", "sample_gather", "on_add", "on_add_one")}
+                 for name in ("sample", "sample_gather", "on_add", "on_add_one", "on_add_range")}
         if owner["sample"] < owner["sample_gather"]:
             cls.fuses_gather = False
         if owner["on_add"] < owner["on_add_one"]:  # likewise, single adds must reach a redefined on_add
             cls.on_add_one = Sampler.on_add_one
+        if owner["on_add"] < owner["on_add_range"]:  # and so must extends
+            cls.on_add_range = Sampler.on_add_range
         if "name" in cls.__dict__:  # concrete samplers name themselves; shared bases do not
             Sampler.registry[cls.name] = cls
 
@@ -202,9 +204,17 @@ class Sampler:
         so its ``on_add`` sees every add."""
         self.on_add(np.array([slot], np.int64), np.array([id], np.int64))
 
+    def on_add_range(self, first: int, ids: np.ndarray) -> None:
+        """As :meth:`on_add` for ``len(ids)`` transitions written to the consecutive slots ``first, first + 1,
+        ...`` (``ReplayBuffer.extend`` without a wrap round the ring); override where the slots need not be
+        made. A class or instance that redefines ``on_add`` gets this generic one back, as with
+        :meth:`on_add_one`."""
+        self.on_add(np.arange(first, first + ids.shape[0], dtype=np.int64), ids)
+
     def __setattr__(self, name: str, value: Any) -> None:
-        if name == "on_add":  # an on_add set on the instance (a wrapper, a mock) must see single adds too
+        if name == "on_add":  # an on_add set on the instance (a wrapper, a mock) must see single adds and extends
             object.__setattr__(self, "on_add_one", Sampler.on_add_one.__get__(self))
+            object.__setattr__(self, "on_add_range", Sampler.on_add_range.__get__(self))
         elif name == "sample":  # likewise, a sample set on the instance must not be bypassed by the fused path
             object.__setattr__(self, "fuses_gather", False)
         object.__setattr__(self, name, value)

@@ -49,6 +49,9 @@ class Uniform(Sampler):
     def on_add_one(self, slot, id):
         pass  # nothing to record, as in on_add
 
+    def on_add_range(self, first, ids):
+        pass
+
     def _slots(self, batch_size: int, size: int) -> np.ndarray:
         """``self._rng.integers(0, size, batch_size)``: from a block drawn ahead once the buffer is full (the
         range then stays the same; while it fills, every add changes it and a block would be drawn for
