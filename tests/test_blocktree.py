@@ -150,6 +150,26 @@ def test_single_slot_update_equals_the_batched_update(capacity):
     np.testing.assert_array_equal(one[0], again)
 
 
+@pytest.mark.parametrize("capacity", [1, 5, 16, 32, 64, 3000, 4099])
+def test_a_range_update_equals_the_batched_update_of_its_slots(capacity):
+    rng = np.random.default_rng(17 + capacity)
+    _, ranged = both(np.ones(capacity))
+    _, batched = both(np.ones(capacity))
+    for step in range(200):
+        count = int(rng.integers(1, capacity + 1)) if step % 3 else int(rng.integers(1, min(capacity, 9) + 1))
+        first = int(rng.integers(0, capacity - count + 1)) if step % 5 else capacity - count  # the end included
+        value = float(rng.random()) * (rng.random() < 0.9)
+        ranged[1][first : first + count] = batched[1][first : first + count] = value
+        _blocktree.propagate_range(*ranged, first, count)
+        _blocktree.propagate(*batched, np.arange(first, first + count), count)
+        np.testing.assert_array_equal(ranged[0], batched[0])
+    _blocktree.propagate_range(*ranged, 0, 0)  # nothing to do
+    np.testing.assert_array_equal(ranged[0], batched[0])
+    again = np.zeros_like(ranged[0])
+    _blocktree.rebuild(again, ranged[1], ranged[2], ranged[3])
+    np.testing.assert_array_equal(ranged[0], again)
+
+
 def test_raising_the_smallest_mass_raises_the_root_minimum():
     # the minimum path stops early only where a node's minimum is unchanged; here it must reach the root
     masses = np.full(64, 5.0)

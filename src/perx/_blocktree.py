@@ -226,6 +226,29 @@ def propagate(heap, mass, nblocks, g, slots, count):
 
 
 @njit(cache=True, nogil=True)
+def propagate_range(heap, mass, nblocks, g, first, count):
+    """:func:`propagate` of the consecutive slots ``first, ..., first + count - 1`` (``first + count`` <= the
+    capacity), with no arrays made: the nodes it recomputes at each level are a contiguous run, taken in the
+    same order with the same operations, so the trees end bit for bit the same."""
+    if count <= 0:
+        return
+    lo = nblocks + first // g
+    hi = nblocks + (first + count - 1) // g
+    for k in range(lo, hi + 1):
+        heap[k, 0] = pair_sum(mass, (k - nblocks) * g, g)
+        heap[k, 1] = block_min(mass, (k - nblocks) * g, g)
+    width = nblocks
+    while width >= 4:
+        for q in range(lo & ~3, (hi & ~3) + 1, 4):
+            _up_two(heap, q)
+        lo >>= 2
+        hi >>= 2
+        width >>= 2
+    if width == 2:
+        _root(heap)
+
+
+@njit(cache=True, nogil=True)
 def propagate_one(heap, mass, nblocks, g, slot):
     """:func:`propagate` of the single slot ``slot``: its block, then the path to the root, with the same
     operations (so bit-identical) and no arrays allocated."""

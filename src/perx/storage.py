@@ -303,14 +303,13 @@ class Storage:
             return None
         sources = list(values)  # everything is checked and viewed before anything is written
         try:
-            for k, void in one.opaque:
-                v = sources[k]
-                sources[k] = (v if v.ndim == 2 else v.reshape(rows, -1)).view(void)
+            for k, void, flatten in one.opaque:
+                sources[k] = (sources[k].reshape(rows, -1) if flatten else sources[k]).view(void)
         except ValueError:  # a last axis with gaps cannot be viewed as one element: the general path
             return None
-        end = first + rows
+        where = slice(first, first + rows)
         for src, dst in zip(sources, one.targets, strict=True):
-            dst[first:end] = src
+            dst[where] = src
         self.next_id = start + rows
         return start
 
@@ -535,7 +534,8 @@ class _OneRow:
         #: rows as [capacity, 1] of one opaque element per row (a field of several elements: numpy copies 256
         #: such rows in ~0.8 us against ~1.4 for its strided copy of the elements), or the field's own view
         self.targets = []
-        #: (position, that opaque dtype) of each field of several elements
+        #: (position, that opaque dtype, whether its batch is flattened to [rows, elements] first: a field of
+        #: more than one axis) for each field of several elements
         self.opaque = []
         for k, n in enumerate(names):
             f, cells = spec[n], rows[:, layout.offset[n] : layout.offset[n] + layout.size[n]]
@@ -544,7 +544,7 @@ class _OneRow:
             else:
                 void = np.dtype(f"V{layout.size[n]}")
                 self.targets.append(cells.view(void))
-                self.opaque.append((k, void))
+                self.opaque.append((k, void, len(f.shape) > 1))
 
     def shapes_of(self, rows: int) -> tuple:
         """The shape of each field's batch of ``rows`` rows, kept in ``batch_shapes`` (at most 64 sizes)."""

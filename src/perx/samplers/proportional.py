@@ -230,7 +230,7 @@ def _add_range_historical(heap, mass, nblocks, g, prio, first, count, state, alp
     for s in range(first, first + count):
         prio[s] = p
         mass[s] = m
-    _blocktree.propagate(heap, mass, nblocks, g, np.arange(first, first + count), count)
+    _blocktree.propagate_range(heap, mass, nblocks, g, first, count)
 
 
 @njit(cache=True, nogil=True)
