@@ -86,7 +86,7 @@ def _sample_into(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_we
                  slots, ids, probs, weights):
     n = u.shape[0]
     total = heap[1, 0]
-    targets = np.empty(n)
+    targets = probs  # the search's scratch until the probabilities are written below
     if stratified:
         # 000 App. B.2.1: split [0, total) into n equal ranges and draw once in each.
         seg = total / n
@@ -95,7 +95,7 @@ def _sample_into(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_we
     else:
         for b in range(n):
             targets[b] = u[b] * total
-    _blocktree.find(heap, mass, nblocks, g, targets, slots)
+    _blocktree.find_into(heap, mass, nblocks, g, targets, slots)
     head = next_id % capacity
     base = next_id - head
     # w_i = (N P_i)^-beta / max_j (N P_j)^-beta = (mass_i / mass_min)^-beta: N and the total cancel, and
@@ -158,7 +158,9 @@ def _update(heap, mass, nblocks, g, max_nodes, prio, leaf_base, ids, values, nex
             top = p
     if not _mass(top, alpha) <= max_mass:
         return BAD_MASS
-    slots = np.empty(n, np.int64)
+    # the written slots, over `where`: the b-th write goes to index <= b, after where[b] and what lies
+    # ahead were read
+    slots = where
     count = 0
     for b in range(n):
         if b + EARLY < n and where[b + EARLY] >= 0:
@@ -179,7 +181,10 @@ def _update(heap, mass, nblocks, g, max_nodes, prio, leaf_base, ids, values, nex
         count += 1
     # Duplicates: leaves were written in order, so the last occurrence wins; ancestors are then
     # recomputed from their children, which is idempotent.
-    _blocktree.propagate(heap, mass, nblocks, g, slots, count)
+    if count == 1:  # the same operations without propagate's array (B = 1)
+        _blocktree.propagate_one(heap, mass, nblocks, g, slots[0])
+    else:
+        _blocktree.propagate(heap, mass, nblocks, g, slots, count)
     if track_max:
         _propagate(max_nodes, leaf_base, slots, count, 2)
     return count
