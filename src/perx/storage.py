@@ -279,8 +279,8 @@ class Storage:
 
         The fast path of ``ReplayBuffer.extend``: the values are taken in one call, checked for type, dtype
         and shape, then each field is copied once (a field of several elements as one opaque element per
-        row, as in ``write``). A few checks and the copies, ~3.3 us for 256 rows of the benchmark's six
-        fields, against ~6 for ``prepare`` + ``write`` (``docs/speed.md``, change 33).
+        row, as in ``write``). ~4.2 us for 256 rows of the benchmark's six fields, of which the copies 2.5,
+        against ~6.2 for ``prepare`` + ``write`` (``docs/speed.md``, change 33).
         """
         one = self._one
         if one is None or len(fields) != one.count:
