@@ -185,6 +185,33 @@ def test_single_adds_leave_every_tree_bit_identical_to_one_row_extends(kwargs):
         np.testing.assert_array_equal(a.max_tree.nodes, b.max_tree.nodes)
 
 
+class _Recorder:
+    """A picklable on_add wrapper: records the ids of each call, then calls the sampler's own."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.seen = []
+
+    def __call__(self, slots, ids):
+        self.seen.append(ids.tolist())
+        self.inner(slots, ids)
+
+
+@pytest.mark.parametrize("make", [lambda: perx.Proportional(), lambda: perx.Proportional(max_priority="buffer"),
+                                  lambda: perx.Uniform(), lambda: perx.RankBased()])
+def test_an_on_add_set_on_the_instance_sees_adds_and_extends_after_a_pickle_round_trip(make):
+    import pickle
+
+    buf = perx.ReplayBuffer(8, make(), spec={"x": ((), np.float32)}, seed=0)
+    buf.sampler.on_add = _Recorder(buf.sampler.on_add)
+    twin = pickle.loads(pickle.dumps(buf))
+    twin.add(x=1.0)
+    twin.extend(x=np.array([2.0, 3.0], np.float32))
+    twin.extend(x=[4.0])
+    assert twin.sampler.on_add.seen == [[0], [1, 2], [3]]
+    assert buf.sampler.on_add.seen == []
+
+
 def test_a_redefined_on_add_sees_single_adds_and_extends_whether_set_on_the_class_or_on_the_instance():
     seen = []
 

@@ -180,6 +180,11 @@ class Sampler:
         self.__dict__.update(state)
         if gen is not None:
             self._rng = gen
+        if "on_add" in state:
+            # an on_add set on the instance: the generic single add and extend that call it were pickled as bound
+            # methods, which unpickle as the class's own (pickle looks them up by name): bind them again
+            self.__dict__["on_add_one"] = Sampler.on_add_one.__get__(self)
+            self.__dict__["on_add_range"] = Sampler.on_add_range.__get__(self)
 
     def _bind(self, capacity: int) -> None:
         if self.capacity is not None:
