@@ -557,7 +557,8 @@ def _same_sampler(a, b):
 
 @pytest.mark.parametrize("make", [lambda: perx.Proportional(alpha=0.6),
                                   lambda: perx.Proportional(alpha=0.6, max_priority="buffer"),
-                                  lambda: perx.RankBased(alpha=0.7), lambda: perx.Greedy(), lambda: perx.Uniform()])
+                                  lambda: perx.RankBased(alpha=0.7), lambda: perx.RankBased(alpha=0.7, exact=True),
+                                  lambda: perx.Greedy(), lambda: perx.Uniform()])
 def test_an_extend_of_exact_arrays_leaves_storage_and_sampler_as_the_general_path_does(make):
     spec = {"o": ((2, 3), np.float32), "v": ((4,), np.float32), "a": ((), np.int64), "k": ((1,), np.uint8)}
     rng = np.random.default_rng(5)

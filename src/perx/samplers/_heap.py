@@ -173,6 +173,14 @@ def heap_add(keys, ids, pos, state, slots, new_ids, capacity):
 
 
 @njit(cache=True, nogil=True)
+def heap_add_range(keys, ids, pos, state, first, new_ids, capacity):
+    """:func:`heap_add` of the slots ``first, ..., first + len(new_ids) - 1``, made here (~0.4 us less than an
+    ``np.arange`` in Python)."""
+    n = new_ids.shape[0]
+    _place(keys, ids, pos, state, np.arange(first, first + n), new_ids, np.full(n, np.inf), n, capacity, 0)
+
+
+@njit(cache=True, nogil=True)
 def heap_add_one(keys, ids, pos, state, slot, new_id, capacity):
     """:func:`heap_add` of one transition, from scalars (``ReplayBuffer.add``); the same steps."""
     size = state[0]
@@ -215,6 +223,7 @@ def heap_update(keys, ids, pos, state, update_ids, values, next_id, capacity, ra
 # callers, any strides (dtype, rank and contiguity checked before the call)
 _I1 = array(int64, 1)
 HEAP_ADD = Entry(heap_add, (array(float64, 1), _I1, _I1, _I1, contiguous(int64, 1), contiguous(int64, 1), int64))
+HEAP_ADD_RANGE = Entry(heap_add_range, (array(float64, 1), _I1, _I1, _I1, int64, array(int64, 1), int64))
 HEAP_ADD_ONE = Entry(heap_add_one, (array(float64, 1), _I1, _I1, _I1, int64, int64, int64))
 HEAP_UPDATE = Entry(heap_update, (array(float64, 1), _I1, _I1, _I1, loose(int64, 1), loose(float64, 1), int64, int64,
                                   boolean))

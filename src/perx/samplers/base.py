@@ -211,9 +211,9 @@ class Sampler:
 
     def on_add_range(self, first: int, ids: np.ndarray) -> None:
         """As :meth:`on_add` for ``len(ids)`` transitions written to the consecutive slots ``first, first + 1,
-        ...`` (``ReplayBuffer.extend`` without a wrap round the ring); override where the slots need not be
-        made. A class or instance that redefines ``on_add`` gets this generic one back, as with
-        :meth:`on_add_one`."""
+        ...`` (``ReplayBuffer.extend`` without a wrap round the ring; ``ids`` int64 [n], C-contiguous, as the
+        buffer makes them); override where the slots need not be made. A class or instance that redefines
+        ``on_add`` gets this generic one back, as with :meth:`on_add_one`."""
         self.on_add(np.arange(first, first + ids.shape[0], dtype=np.int64), ids)
 
     def __setattr__(self, name: str, value: Any) -> None:

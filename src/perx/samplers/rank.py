@@ -294,6 +294,12 @@ class RankBased(_HeapSampler):
             return
         _exact_add(self._keys, self._ids, self._pos, self._state, slots, ids, *self._order.arrays)
 
+    def on_add_range(self, first, ids):
+        if self.exact:
+            super().on_add_range(first, ids)
+            return
+        _heap.HEAP_ADD_RANGE.fn(self._keys, self._ids, self._pos, self._state, first, ids, self.capacity)
+
     def on_add_one(self, slot, id):
         if self.exact:
             super().on_add_one(slot, id)
