@@ -546,3 +546,89 @@ def test_the_pure_weight_function_is_exact_across_six_hundred_orders_of_magnitud
     np.testing.assert_allclose(perx.importance_weights(p, 2, 1.0, min_probability=1e-310), [2e-310, 1.0], rtol=1e-9)
     np.testing.assert_allclose(perx.importance_weights(p, 2, 0.5, normalize="batch"), [np.sqrt(2e-310), 1.0],
                                rtol=1e-9)
+
+
+# -- found by an independent review in the seventeenth pass of issue 14 (each failed before its fix) ----------------
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "abc", np.float64(2.0)])
+def test_a_refused_seed_names_seed_and_leaves_the_sampler_unbound(seed):
+    sampler = perx.Proportional(alpha=0.6)
+    with pytest.raises(ValueError, match="seed"):
+        perx.ReplayBuffer(10, sampler, seed=seed)
+    assert sampler.capacity is None
+    perx.ReplayBuffer(10, sampler, seed=0)  # the same sampler is still usable
+
+
+def test_an_mt19937_state_with_its_position_out_of_range_is_refused(tmp_path):
+    """numpy accepts any position into MT19937's 624-word key, and the next draw then reads out of bounds
+    (the process crashed)."""
+    buf = filled(perx.Uniform(), capacity=10)
+    buf.sampler._rng = np.random.Generator(np.random.MT19937(3))
+    path = tmp_path / "mt.npz"
+    buf.save(path)
+    assert perx.ReplayBuffer.load(path).sample(3).indices.shape == (3,)  # a genuine MT19937 state loads
+    meta, arrays = members(path)
+    meta["sampler"]["state"]["rng"]["state"]["pos"] = 2**31 - 1
+    rewrite(path, meta, arrays)
+    refused(path, "pos")
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_a_refused_sampler_state_leaves_a_live_sampler_as_it_was(name):
+    """load_state_dict on a live sampler checks everything before it keeps anything, generator included: after
+    a refused state the next samples are those of a twin that never saw it."""
+    buf, twin = filled(SAMPLERS[name](), capacity=30), filled(SAMPLERS[name](), capacity=30)
+    meta, arrays = buf.sampler.state_dict()
+    meta, arrays = json.loads(json.dumps(meta)), {k: v.copy() for k, v in arrays.items()}
+    meta["rng"] = json.loads(json.dumps(perx.Uniform(seed=99).state_dict()[0]["rng"]))  # a valid, other generator
+    broken = False
+    for key, arr in arrays.items():  # one array made invalid for its sampler
+        if arr.dtype.kind == "f":
+            arr[:] = -1.0
+            broken = True
+        elif key in ("pos", "state"):
+            arr[:] = 10**6
+            broken = True
+    if not broken:
+        pytest.skip("a sampler with no array to break")
+    before = snapshot(buf)
+    with pytest.raises(ValueError):
+        buf.sampler.load_state_dict(meta, arrays, size=len(buf), next_id=buf.next_index)
+    assert_same(before, snapshot(buf))
+    for _ in range(3):
+        a, b = buf.sample(4), twin.sample(4)
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_array_equal(a.weights, b.weights)
+
+
+def test_every_priority_an_update_accepts_also_loads(tmp_path):
+    """max_accepted_priority is exactly the largest priority the update accepts: it used to step only down from
+    its estimate, so for about a third of alphas an update could store a priority one float above it, and the
+    saved file was then refused by load."""
+    rng = np.random.default_rng(0)
+    for alpha in np.concatenate([[1.9290369775982903], rng.uniform(0.05, 3.0, 200)]):
+        sampler = perx.Proportional(alpha=float(alpha), eps=0.0)
+        buf = filled(sampler, capacity=8)
+        limit = sampler.max_accepted_priority
+        assert buf.set_priorities([3], [limit]) == 1
+        if limit < np.finfo(np.float64).max:  # (else the next float is inf, refused as not finite)
+            with pytest.raises(ValueError, match="largest accepted priority"):
+                buf.set_priorities([4], [float(np.nextafter(limit, np.inf))])
+    buf.save(tmp_path / "limit.npz")
+    assert perx.ReplayBuffer.load(tmp_path / "limit.npz").priorities([3])[0] == limit
+
+
+def test_an_overflowing_priority_is_refused_with_alpha_zero_too(tmp_path):
+    """With alpha = 0 every mass is 1, so the mass test alone let |td_error| + eps = inf be stored (and the saved
+    file was refused); priorities must be finite whatever alpha."""
+    buf = filled(perx.Proportional(alpha=0.0, eps=1e308), capacity=4)
+    before = snapshot(buf)
+    with pytest.raises(ValueError, match="td_errors.*overflowed"):
+        buf.update_priorities([0], [1e308])
+    assert_same(before, snapshot(buf))
+    assert np.isfinite(buf.sampler.max_accepted_priority)
+    _, path = saved(tmp_path, perx.Proportional(alpha=0.0))
+    meta, arrays = members(path)
+    meta["sampler"]["state"]["max_priority"] = float("inf")
+    rewrite(path, meta, arrays)
+    refused(path, "max_priority")

@@ -33,7 +33,7 @@ from perx._validation import (
 from perx.episodes import Episodes, EpisodeStore
 from perx.samplers.base import FLOAT64 as _FLOAT64
 from perx.samplers.base import INT64 as _INT64
-from perx.samplers.base import Sampler, check_sampler
+from perx.samplers.base import Sampler, check_sampler, make_generator
 from perx.samplers.uniform import Uniform
 from perx.storage import FieldSpec, Storage, _parse_spec
 
@@ -143,6 +143,8 @@ class ReplayBuffer:
                 store.check_spec(storage.spec)
             if obs_spec is not None:
                 store.allocate(obs_spec[episodes.obs].shape, obs_spec[episodes.obs].dtype)
+        if seed is not None:  # checked before the sampler is bound, so a refused seed leaves it reusable
+            make_generator(seed)
         sampler._bind(capacity)
         if seed is not None:
             sampler.reseed(seed)
@@ -713,8 +715,11 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
                           for k, info in members.items() if k.startswith("sampler/")}
         episode_arrays = {k[len("episodes/"):]: _read_member(zf, info, what=k)
                           for k, info in members.items() if k.startswith("episodes/")}
+    # the sampler is new and is thrown away with the buffer if the file is refused: loaded in place, without
+    # load_state_dict's copy (a sampler class with a load_state_dict of its own gets that one)
+    load = sampler._load_state if type(sampler).load_state_dict is Sampler.load_state_dict else sampler.load_state_dict
     try:
-        sampler.load_state_dict(meta["sampler"]["state"], sampler_arrays, size=size, next_id=next_id)
+        load(meta["sampler"]["state"], sampler_arrays, size=size, next_id=next_id)
     except (KeyError, TypeError) as err:
         raise _LoadError(f"sampler state: {type(err).__name__}: {err}") from None
     except ValueError as err:

@@ -14,6 +14,7 @@ Every sampler:
 
 from __future__ import annotations
 
+import copy
 from typing import Any, ClassVar
 
 import numpy as np
@@ -129,7 +130,7 @@ class Sampler:
         self.capacity: int | None = None
 
     def _seed_generator(self, seed: Any) -> None:
-        self._rng = np.random.default_rng(seed)
+        self._rng = make_generator(seed)
         if isinstance(seed, (np.random.Generator, np.random.BitGenerator)):
             # the caller's own generator (default_rng returns it, or wraps its bit generator): the caller may
             # draw from it too, so the sampler draws directly and both stay one sequence
@@ -372,8 +373,20 @@ class Sampler:
                         next_id: int) -> None:
         """Restore a bound sampler from :meth:`state_dict`'s output, for a buffer holding ``size``
         transitions with ``next_id`` ever added. Untrusted input: every value is checked (types,
-        shapes, ranges, invariants, consistency with ``size`` and ``next_id``) before anything is
-        kept; ValueError names what is wrong. Subclasses check their own state, then call this."""
+        shapes, ranges, invariants, consistency with ``size`` and ``next_id``); ValueError names what is
+        wrong, and a refused state leaves the sampler exactly as it was, generator included.
+
+        The state is loaded into a copy (:meth:`_load_state`), which replaces this sampler's state only
+        once everything passed: a transient second copy of the sampler's arrays. ``ReplayBuffer.load``
+        builds a fresh sampler and loads into it directly."""
+        twin = copy.deepcopy(self)
+        twin._load_state(meta, arrays, size=size, next_id=next_id)
+        self.__dict__.update(twin.__dict__)
+
+    def _load_state(self, meta: dict[str, Any], arrays: dict[str, np.ndarray], *, size: int,
+                    next_id: int) -> None:
+        """:meth:`load_state_dict`'s checks and writes, in place: a ValueError may leave the sampler
+        partly changed. Subclasses check and load their own state, and call this."""
         expected_meta, expected_arrays = self.state_dict()
         check_keys(meta, expected_meta, "sampler state")
         check_keys(arrays, expected_arrays, "sampler arrays")
@@ -388,6 +401,15 @@ BIT_GENERATORS = {cls.__name__: cls for cls in (np.random.PCG64, np.random.PCG64
                                                   np.random.Philox, np.random.SFC64)}
 
 
+def make_generator(seed: object) -> np.random.Generator:
+    """``np.random.default_rng(seed)``; a seed numpy refuses raises ValueError naming ``seed``."""
+    try:
+        return np.random.default_rng(seed)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"seed: expected None, an int >= 0, a sequence of them, or a numpy SeedSequence, "
+                         f"BitGenerator or Generator; got {_short(seed)} ({err})") from None
+
+
 def restore_rng(state: object) -> np.random.Generator:
     """A new Generator from a saved ``bit_generator.state`` dict; ValueError for anything else."""
     name = state.get("bit_generator") if isinstance(state, dict) else None
@@ -396,6 +418,11 @@ def restore_rng(state: object) -> np.random.Generator:
         raise ValueError(f"rng: bit_generator must be one of {sorted(BIT_GENERATORS)}, got {_short(name)}")
     bit_generator = cls()
     try:
+        inner = state.get("state")
+        if name == "MT19937" and not (isinstance(inner, dict) and type(inner.get("pos")) is int
+                                      and 0 <= inner["pos"] <= 624):
+            # numpy takes any position into its 624-word key, and the next draw reads out of bounds
+            raise ValueError(f"state.pos: an int in [0, 624], got {_short(inner)}")
         bit_generator.state = _from_jsonable(state)
     except (TypeError, ValueError, KeyError, OverflowError) as err:
         raise ValueError(f"rng: not a valid {name} state ({type(err).__name__}: {err})") from None

@@ -156,7 +156,8 @@ def _update(heap, mass, nblocks, g, max_nodes, prio, leaf_base, ids, values, nex
         p = _priority(values[b], raw, eps, floor)
         if p > top:
             top = p
-    if not _mass(top, alpha) <= max_mass:
+    # (and finite: with alpha = 0 an overflowed |delta| + eps would have mass 1)
+    if not (_mass(top, alpha) <= max_mass and top < np.inf):
         return BAD_MASS
     # the written slots, over `where`: the b-th write goes to index <= b, after where[b] and what lies
     # ahead were read
@@ -324,16 +325,22 @@ class Proportional(Sampler):
 
     @property
     def max_accepted_priority(self) -> float:
-        """The largest priority an update may produce: its mass p**alpha is at most ``max_mass``
-        (float64 max / 2 / number of leaves), so the sum of all masses cannot overflow. inf for
-        alpha = 0. Larger priorities are refused with a ValueError."""
+        """The largest priority an update may produce: finite, and its mass p**alpha at most ``max_mass``
+        (float64 max / 2 / number of leaves), so the sum of all masses cannot overflow; exactly the
+        priorities the update kernel accepts. The largest finite float64 for alpha = 0. Larger priorities
+        are refused with a ValueError."""
+        largest = float(np.finfo(np.float64).max)
         if self.alpha == 0.0:
-            return np.inf
+            return largest
         with np.errstate(over="ignore"):
-            p = min(float(np.float64(self.max_mass) ** (1.0 / self.alpha)), float(np.finfo(np.float64).max))
-        while not _mass(p, self.alpha) <= self.max_mass:  # pow rounding: step down to the last one accepted
-            p = np.nextafter(p, 0.0)
-        return float(p)
+            p = min(float(np.float64(self.max_mass) ** (1.0 / self.alpha)), largest)
+        # pow rounds: step to the last priority the kernel's test (_mass(p) <= max_mass) accepts, down from an
+        # estimate above it or up from one below, so that a priority an update stored also passes a load
+        while not _mass(p, self.alpha) <= self.max_mass:
+            p = float(np.nextafter(p, 0.0))
+        while p < largest and _mass(float(np.nextafter(p, np.inf)), self.alpha) <= self.max_mass:
+            p = float(np.nextafter(p, np.inf))
+        return p
 
     @property
     def max_priority(self) -> float:
@@ -419,12 +426,18 @@ class Proportional(Sampler):
         if count >= 0:
             return count
         if count == BAD_MASS:
-            p = self.priority(values) if not raw else values
+            with np.errstate(over="ignore"):  # |td_error| + eps may overflow: that is what is reported
+                p = self.priority(values) if not raw else values
             pos = int(np.flatnonzero(~(p <= self.max_accepted_priority))[0])
+            name = "priorities" if raw else "td_errors"
+            if not p[pos] < np.inf:
+                raise ValueError(f"{name}: the value {values[pos]!r} at position {pos} gives priority {p[pos]!r} "
+                                 f"(|td_error| + eps overflowed); the largest accepted priority is "
+                                 f"{self.max_accepted_priority!r}")
             with np.errstate(over="ignore"):
                 mass = float(np.float64(p[pos]) ** self.alpha)
             raise ValueError(
-                f"{'priorities' if raw else 'td_errors'}: the value {values[pos]!r} at position {pos} gives "
+                f"{name}: the value {values[pos]!r} at position {pos} gives "
                 f"priority {p[pos]!r} and mass p**alpha = {mass!r} (alpha={self.alpha}), above "
                 f"the largest mass {self.max_mass:.4g} for which the sum of {self._leaf_base} leaves stays "
                 f"finite in float64; the largest accepted priority is {self.max_accepted_priority!r}"
@@ -474,8 +487,8 @@ class Proportional(Sampler):
                     self.alpha, False)
         return mass, heap
 
-    def load_state_dict(self, meta, arrays, *, size, next_id):
-        super().load_state_dict(meta, arrays, size=size, next_id=next_id)
+    def _load_state(self, meta, arrays, *, size, next_id):
+        super()._load_state(meta, arrays, size=size, next_id=next_id)
         prio = arrays["priority"]
         stored = prio[:size]
         bad = ~np.isfinite(stored) | (stored < 0.0)

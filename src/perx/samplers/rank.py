@@ -221,8 +221,8 @@ class _HeapSampler(Sampler):
     def _max_unsorted(self) -> int:
         return np.iinfo(np.int64).max
 
-    def load_state_dict(self, meta, arrays, *, size, next_id):
-        super().load_state_dict(meta, arrays, size=size, next_id=next_id)
+    def _load_state(self, meta, arrays, *, size, next_id):
+        super()._load_state(meta, arrays, size=size, next_id=next_id)
         keys, ids, pos, state = (arrays[name] for name in ("keys", "ids", "pos", "state"))
         if state[0] != size:
             raise ValueError(f"state: the heap holds {state[0]} entries but the buffer {size} transitions")
@@ -433,8 +433,8 @@ class RankBased(_HeapSampler):
         meta["segments"] = [[k, cached[0]] for k, cached in self._segments.items()]
         return meta, arrays
 
-    def load_state_dict(self, meta, arrays, *, size, next_id):
-        super().load_state_dict(meta, arrays, size=size, next_id=next_id)
+    def _load_state(self, meta, arrays, *, size, next_id):
+        super()._load_state(meta, arrays, size=size, next_id=next_id)
         entries = meta["segments"]
         if not isinstance(entries, list) or len(entries) > max(size, 1):
             raise ValueError(f"segments: expected a list of at most {max(size, 1)} [k, n] pairs, got "
@@ -595,8 +595,8 @@ class Greedy(Sampler):
                       state=np.array([n, self._meta[_greedy.UPDATES]], np.int64))
         return meta, arrays
 
-    def load_state_dict(self, meta, arrays, *, size, next_id):
-        super().load_state_dict(meta, arrays, size=size, next_id=next_id)
+    def _load_state(self, meta, arrays, *, size, next_id):
+        super()._load_state(meta, arrays, size=size, next_id=next_id)
         keys, ids, pos, state = (arrays[name] for name in ("keys", "ids", "pos", "state"))
         if state[0] != size:
             raise ValueError(f"state: the heap holds {state[0]} entries but the buffer {size} transitions")
