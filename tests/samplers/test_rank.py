@@ -603,3 +603,29 @@ def test_exact_rank_based_samples_in_two_steps_and_refuses_to_refill():
     batch = buf.sample(32)
     with pytest.raises(ValueError, match="out"):
         buf.sample(32, out=batch)
+
+
+def test_asking_for_probabilities_does_not_change_what_later_samples_draw():
+    """probabilities(batch_size=k) at a size the segment cache does not cover used to cache the boundaries it
+    computed there, so a later sample stretched those instead of the ones sampling had cached (found by an
+    independent review); a query now leaves the cache as it was."""
+
+    def made():
+        buf = perx.ReplayBuffer(5000, perx.RankBased(alpha=0.7), seed=0)
+        buf.extend(**transitions(2100))
+        buf.sample(16)
+        return buf
+
+    asked, twin = made(), made()
+    for buf in (asked, twin):
+        buf.extend(**transitions(25))  # 2125: more than the stretch allows over 2100
+    reported = asked.probabilities(batch_size=16)
+    for buf in (asked, twin):
+        buf.extend(**transitions(15))  # 2140
+    a, b = asked.sample(16), twin.sample(16)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    np.testing.assert_array_equal(a.probabilities, b.probabilities)
+    twin_reported = made()
+    twin_reported.extend(**transitions(25))
+    twin_reported.sample(16)  # sampling at 2125 caches these boundaries; the query reported the same
+    np.testing.assert_array_equal(reported, twin_reported.probabilities(batch_size=16))

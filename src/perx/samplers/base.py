@@ -366,6 +366,8 @@ class Sampler:
 
         Only primary state is saved; what can be derived (trees from priorities, sorted orders) is
         rebuilt by :meth:`load_state_dict`, so a file cannot smuggle in inconsistent structures.
+        The arrays are the sampler's own, not copies (``save`` writes them at once): copy them to keep a
+        snapshot in memory, or later calls will change it.
         """
         return {"rng": _jsonable(self._rng.bit_generator.state)}, {}  # (self._rng: brought level first)
 

@@ -327,8 +327,10 @@ class RankBased(_HeapSampler):
         self._state[1] = 0
 
     # -- sampling --------------------------------------------------------------------------------
-    def boundaries(self, n: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-        """Cached (lo, hi, cum_inv, smallest per-draw probability) for n transitions, k segments."""
+    def boundaries(self, n: int, k: int, *, keep: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """Cached (lo, hi, cum_inv, smallest per-draw probability) for n transitions, k segments: the ones
+        the next sample of k draws at size n uses. ``keep=False`` (for queries) does not cache boundaries it
+        had to compute, so asking never changes what later samples draw."""
         cached = self._segments.get(k)
         if cached is not None:
             n_ref, lo, hi, cum_inv, p_min = cached
@@ -342,7 +344,8 @@ class RankBased(_HeapSampler):
         lo, hi = rank_segments(n, k, self.alpha)
         cum_inv = segment_prefix(lo, hi)
         p_min = _smallest_probability(lo, hi, cum_inv)
-        self._segments[k] = (n, lo, hi, cum_inv, p_min)
+        if keep:
+            self._segments[k] = (n, lo, hi, cum_inv, p_min)
         return lo, hi, cum_inv, p_min
 
     def _positions_to_ids(self, positions: np.ndarray) -> np.ndarray:
@@ -405,7 +408,7 @@ class RankBased(_HeapSampler):
         k = batch_size if self.n_segments is None else self.n_segments
         if k is None or size < k:
             return power_law(size, self.alpha)[positions]
-        lo, hi, cum_inv, _ = self.boundaries(size, k)
+        lo, hi, cum_inv, _ = self.boundaries(size, k, keep=False)  # a query: the cache stays as sampling left it
         return segment_probabilities(lo, hi, positions, cum_inv)
 
     def ranks(self, slots: np.ndarray) -> np.ndarray:
