@@ -632,3 +632,11 @@ def test_an_overflowing_priority_is_refused_with_alpha_zero_too(tmp_path):
     meta["sampler"]["state"]["max_priority"] = float("inf")
     rewrite(path, meta, arrays)
     refused(path, "max_priority")
+
+
+def test_a_uint64_id_too_large_for_int64_is_reported_as_given():
+    buf = filled(perx.Proportional(alpha=0.6), capacity=8)
+    before = snapshot(buf)
+    with pytest.raises(ValueError, match="indices: 9223372036854775828 "):
+        buf.update_priorities(np.array([1, 2**63 + 20], np.uint64), [0.5, 0.5])
+    assert_same(before, snapshot(buf))

@@ -89,6 +89,9 @@ def as_index_array(values: object, name: str, *, upper: int | None = None) -> np
         if arr.size == 0:
             return np.empty(0, np.int64)
         raise TypeError(f"{name}: expected integers, got dtype {arr.dtype} ({_short(values)})")
+    if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+        # (the cast below would wrap it to a negative id, and the error would report that one)
+        raise ValueError(f"{name}: {int(arr.max())} is larger than any id (int64)")
     arr = arr.astype(np.int64, copy=False)
     if upper is not None and arr.size and (arr.min() < 0 or arr.max() >= upper):
         bad = arr[(arr < 0) | (arr >= upper)][0]
