@@ -623,7 +623,7 @@ def test_an_overflowing_priority_is_refused_with_alpha_zero_too(tmp_path):
     file was refused); priorities must be finite whatever alpha."""
     buf = filled(perx.Proportional(alpha=0.0, eps=1e308), capacity=4)
     before = snapshot(buf)
-    with pytest.raises(ValueError, match="td_errors.*overflowed"):
+    with pytest.raises(ValueError, match=r"td_errors.*overflowed"):
         buf.update_priorities([0], [1e308])
     assert_same(before, snapshot(buf))
     assert np.isfinite(buf.sampler.max_accepted_priority)
