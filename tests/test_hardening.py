@@ -640,3 +640,22 @@ def test_a_uint64_id_too_large_for_int64_is_reported_as_given():
     with pytest.raises(ValueError, match="indices: 9223372036854775828 "):
         buf.update_priorities(np.array([1, 2**63 + 20], np.uint64), [0.5, 0.5])
     assert_same(before, snapshot(buf))
+
+
+def test_a_locked_buffer_can_be_copied_and_pickled_and_the_copy_locks_itself():
+    """(a threading lock cannot be pickled: copy.deepcopy and pickle of a lock=True buffer raised TypeError)"""
+    import copy
+    import pickle
+
+    buf = perx.ReplayBuffer(20, perx.Proportional(alpha=0.6), seed=0, lock=True)
+    buf.extend(**transitions(30))
+    for make in (copy.deepcopy, lambda b: pickle.loads(pickle.dumps(b))):
+        clone = make(buf)
+        assert isinstance(clone.lock, type(buf.lock)) and clone.lock is not buf.lock
+        assert clone.add.__wrapped__.__self__ is clone and clone.sample.__wrapped__.__self__ is clone
+        a, b = buf.sample(6, beta=0.5), clone.sample(6, beta=0.5)
+        np.testing.assert_array_equal(a.indices, b.indices)
+        buf.update_priorities(a.indices, np.arange(6.0))
+        clone.update_priorities(b.indices, np.arange(6.0))
+        np.testing.assert_array_equal(buf.sample(6).indices, clone.sample(6).indices)
+        assert not clone.lock._is_owned()  # the copy's own lock, free after its calls

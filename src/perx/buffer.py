@@ -162,6 +162,23 @@ class ReplayBuffer:
             for name in _LOCKED:
                 setattr(self, name, _locked(getattr(self, name), self.lock))
 
+    def __getstate__(self) -> dict:
+        # a lock (and the locked methods around it) cannot be pickled: a copy or an unpickled buffer gets a
+        # new lock of its own. Hold ``buf.lock`` while pickling if other threads may write meanwhile.
+        state = dict(self.__dict__)
+        if state.get("lock") is not None:
+            state["lock"] = True
+            for name in _LOCKED:
+                state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if state.get("lock") is True:
+            self.lock = threading.RLock()
+            for name in _LOCKED:
+                setattr(self, name, _locked(getattr(self, name), self.lock))
+
     # -- facts -----------------------------------------------------------------------------------
     @property
     def capacity(self) -> int:
