@@ -172,3 +172,25 @@ def test_nbytes_counts_every_component():
     h = perx.ReplayBuffer(1000, perx.Hybrid([perx.RankBased(exact=True), perx.Uniform()], [0.5, 0.5])).sampler
     r = perx.ReplayBuffer(1000, perx.RankBased(exact=True)).sampler
     assert h.nbytes == r.nbytes
+
+
+def test_a_failed_bind_leaves_every_component_unbound():
+    # the first component binds, the second cannot allocate its arrays: neither may stay bound, so the same
+    # sampler objects bind again to a capacity that fits
+    u, p = perx.Uniform(), perx.Proportional()
+    h = perx.Hybrid([u, p], [0.5, 0.5])
+    with pytest.raises(MemoryError, match="capacity"):
+        perx.ReplayBuffer(2**45, h)
+    assert h.capacity is None and u.capacity is None and p.capacity is None
+    buf = perx.ReplayBuffer(100, h, seed=0)
+    buf.extend(**transitions(50))
+    assert len(buf.sample(8)) == 8 and u.capacity == p.capacity == 100
+
+
+def test_a_component_bound_elsewhere_is_named_and_binds_nothing():
+    u, p = perx.Uniform(), perx.Proportional()
+    h = perx.Hybrid([u, p], [0.5, 0.5])
+    perx.ReplayBuffer(10, p)  # bound since the Hybrid was made
+    with pytest.raises(ValueError, match=r"components\[1\].*already bound"):
+        perx.ReplayBuffer(10, h)
+    assert h.capacity is None and u.capacity is None

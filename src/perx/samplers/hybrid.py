@@ -104,9 +104,26 @@ class Hybrid(Sampler):
         for comp, child in zip(self.components, children[1:], strict=True):
             comp._rng = np.random.default_rng(child)
 
+    def _bind(self, capacity: int) -> None:
+        if self.capacity is None:  # (a bound Hybrid: the base class refuses it)
+            for c, comp in enumerate(self.components):
+                if comp.capacity is not None:  # bound to another buffer since this Hybrid was made
+                    raise ValueError(f"components[{c}]: {comp!r} is already bound to a buffer; pass a new sampler")
+        super()._bind(capacity)
+
     def _allocate(self, capacity: int) -> None:
-        for comp in self.components:
-            comp._bind(capacity)
+        # All or nothing: a component that cannot allocate leaves every component as it was before (unbound,
+        # no arrays), so the same sampler objects can be bound again, to a capacity that fits. Binding only
+        # sets attributes, so each component's attributes from before put it back exactly.
+        before = [dict(comp.__dict__) for comp in self.components]
+        try:
+            for comp in self.components:
+                comp._bind(capacity)
+        except BaseException:
+            for comp, attrs in zip(self.components, before, strict=True):
+                comp.__dict__.clear()
+                comp.__dict__.update(attrs)
+            raise
 
     def counts(self, batch_size: int) -> np.ndarray:
         """How many of a batch of ``batch_size`` each component draws (largest remainder; sums to B)."""
