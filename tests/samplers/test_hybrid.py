@@ -1,5 +1,7 @@
 """Hybrid minibatches (000 App. A): shares of each batch from different samplers, exact mixture probabilities."""
 
+import copy
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -194,3 +196,62 @@ def test_a_component_bound_elsewhere_is_named_and_binds_nothing():
     with pytest.raises(ValueError, match=r"components\[1\].*already bound"):
         perx.ReplayBuffer(10, h)
     assert h.capacity is None and u.capacity is None
+
+
+def _massless_twins(first, mixing):
+    def make():
+        h = perx.Hybrid([first(), perx.Proportional(alpha=0.6, eps=0.0)], [0.5, 0.5], mixing=mixing)
+        buf = perx.ReplayBuffer(30, h, seed=1)
+        buf.extend(**transitions(30))
+        buf.sample(5)
+        buf.set_priorities(np.arange(30), np.zeros(30))  # the Proportional component has no mass left
+        return buf
+    return make(), make()
+
+
+@pytest.mark.parametrize(("first", "mixing"), [
+    (perx.Uniform, "shares"), (lambda: perx.RankBased(alpha=0.7), "shares"),
+    (perx.Uniform, "random"), (lambda: perx.RankBased(alpha=0.7, segments=4), "random"),
+])
+def test_a_refused_sample_moves_no_generator(first, mixing):
+    # The massless component refuses; it must do so before the other component (or the Hybrid's own split of
+    # a 'random' batch) draws, so the next batch is the one of a twin that never made the refused call.
+    buf, twin = _massless_twins(first, mixing)
+    before = snapshot(buf)
+    with pytest.raises(ValueError, match="priority 0"):
+        buf.sample(8)
+    assert_same(before, snapshot(buf))
+    for b in (buf, twin):
+        b.set_priorities(np.arange(30), np.linspace(0.1, 3, 30))
+    for _ in range(3):
+        np.testing.assert_array_equal(buf.sample(8).indices, twin.sample(8).indices)
+
+
+@pytest.mark.parametrize("mixing", ["shares", "random"])
+@pytest.mark.parametrize("first", [perx.Uniform, lambda: perx.Proportional(alpha=0.6),
+                                   lambda: perx.RankBased(alpha=0.7, segments=4)])
+def test_a_component_failing_after_others_drew_moves_no_generator(first, mixing):
+    # A failure no check can foresee (here the last component draws, then runs out of memory): every generator
+    # is put back where it stood, blocks of numbers drawn ahead included, so the next batches are a twin's.
+    buf = perx.ReplayBuffer(40, perx.Hybrid([first(), perx.Uniform(), perx.Uniform()], [0.4, 0.3, 0.3],
+                                            mixing=mixing), seed=2)
+    buf.extend(**transitions(40))
+    buf.sample(7)  # blocks drawn ahead, partly handed out
+    twin = copy.deepcopy(buf)
+    last = buf.sampler.components[2]
+
+    def fails(batch_size, beta, size, next_id):
+        last._rng.random(batch_size)
+        raise MemoryError("out of memory")
+
+    last.sample = fails
+    before = snapshot(buf)
+    with pytest.raises(MemoryError, match="out of memory"):
+        buf.sample(9)
+    del last.sample
+    assert_same(before, snapshot(buf))
+    for _ in range(3):
+        a, b = buf.sample(9), twin.sample(9)
+        np.testing.assert_array_equal(a.indices, b.indices)
+        np.testing.assert_array_equal(a.weights, b.weights)
+
