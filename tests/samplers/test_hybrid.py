@@ -255,3 +255,17 @@ def test_a_component_failing_after_others_drew_moves_no_generator(first, mixing)
         np.testing.assert_array_equal(a.indices, b.indices)
         np.testing.assert_array_equal(a.weights, b.weights)
 
+
+@pytest.mark.parametrize("mixing", ["shares", "random"])
+@pytest.mark.parametrize(("batch_size", "error"), [(2**55, MemoryError), (2**63, ValueError), (2**70, ValueError)])
+def test_a_batch_too_large_to_allocate_is_refused_by_name(batch_size, error, mixing):
+    # as numpy refuses it for a single sampler (MemoryError, or ValueError past any array size), but naming
+    # batch_size, and before anything is drawn (the 'random' split included)
+    buf = prioritized(perx.Hybrid([perx.RankBased(alpha=0.7, segments=8), perx.Uniform()], [0.4, 0.6],
+                                  mixing=mixing))
+    twin = copy.deepcopy(buf)
+    before = snapshot(buf)
+    with pytest.raises(error, match=f"batch_size: .*{batch_size}"):
+        buf.sample(batch_size)
+    assert_same(before, snapshot(buf))
+    np.testing.assert_array_equal(buf.sample(8).indices, twin.sample(8).indices)

@@ -144,8 +144,16 @@ class Hybrid(Sampler):
     def sample(self, batch_size, beta, size, next_id):
         # A refused call leaves every generator (the Hybrid's and each component's) where it was, so the next
         # call draws what it would have drawn without the refused one. What can be checked is checked before
-        # anything draws: a proportional component with no mass refuses first. Anything else (a component
-        # failing halfway) puts every generator back.
+        # anything draws: the batch's arrays are allocated (a batch_size too large is named, as numpy refuses
+        # it), and a proportional component with no mass refuses first. Anything else (a component failing
+        # halfway) puts every generator back.
+        try:
+            slots = np.empty(batch_size, np.int64)
+            ids = np.empty(batch_size, np.int64)
+        except (MemoryError, ValueError, OverflowError) as err:
+            kind = MemoryError if isinstance(err, MemoryError) else ValueError
+            raise kind(f"batch_size: cannot allocate a batch of {batch_size} transitions ({type(err).__name__}: "
+                       f"{err}); choose a smaller batch_size") from None
         shares = self.mixing == "shares"
         if shares:
             k = self.counts(batch_size)
@@ -165,8 +173,8 @@ class Hybrid(Sampler):
                 counts = k.tolist()
             parts = [comp.sample(kc, beta, size, next_id)[:2]
                      for comp, kc in zip(self.components, counts, strict=True) if kc > 0]
-            slots = np.concatenate([p[0] for p in parts])
-            ids = np.concatenate([p[1] for p in parts])
+            np.concatenate([p[0] for p in parts], out=slots)
+            np.concatenate([p[1] for p in parts], out=ids)
             if shares:
                 probs = self._mixture(slots, size, k, batch_size)
             else:  # each draw picks component c with probability f_c: P(i) = sum_c f_c P_c(i)
