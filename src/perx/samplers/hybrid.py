@@ -268,8 +268,11 @@ class Hybrid(Sampler):
         for c, comp in enumerate(self.components):
             prefix = f"c{c}."
             twin = copy.deepcopy(comp)
-            twin.load_state_dict(metas[c], {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
-                                 size=size, next_id=next_id)
+            # already a copy: loaded in place (load_state_dict would copy it once more), unless its class loads
+            # its own way
+            load = twin._load_state if type(twin).load_state_dict is Sampler.load_state_dict else twin.load_state_dict
+            load(metas[c], {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
+                 size=size, next_id=next_id)
             loaded.append(twin)
         for comp, twin in zip(self.components, loaded, strict=True):
             comp.__dict__.update(twin.__dict__)
