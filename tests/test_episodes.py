@@ -476,3 +476,32 @@ def test_continuity_is_checked_against_the_stored_value_whatever_the_next_obs_dt
     buf.end_episodes()
     step(0.0, np.float32(np.nan))
     step(np.nan, np.int8(2))  # NaN continues NaN (an int8 comparison array would hold 0 or -128)
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["inferred", "spec"])
+@pytest.mark.parametrize("layout", [dict(next_obs="stored"), dict(next_obs="shared"), dict(frame_stack=2)],
+                         ids=["stored", "shared", "frames"])
+def test_an_episodic_buffer_saved_before_its_first_add_loads_and_then_works_as_a_fresh_one(layout, spec, tmp_path):
+    """Before its first add a buffer without spec= has no fields yet (not even terminated/truncated), and a
+    buffer with one has fields but no rows: either loads, and the loaded one then takes the same steps and
+    draws the same batches as the buffer it was saved from."""
+    cfg = Episodes(n_step=3, gamma=0.8, streams=2, **layout, **({"frame_margin": 4} if "frame_stack" in layout else {}))
+    fields = None
+    if spec:
+        shape = (2, OBS) if cfg.frame_stack else (OBS,)
+        fields = {"obs": (shape, np.float32), "next_obs": (shape, np.float32), "action": ((), np.int64),
+                  "reward": ((), np.float32), "terminated": ((), np.bool_), "truncated": ((), np.bool_)}
+    buf = perx.ReplayBuffer(20, perx.Proportional(), seed=3, episodes=cfg, spec=fields)
+    buf.save(tmp_path / "e.npz")
+    twin = perx.ReplayBuffer.load(tmp_path / "e.npz")
+    assert len(twin) == 0 and twin.next_index == 0 and twin.episodes.config() == cfg.config()
+    worlds = []
+    for b in (buf, twin):  # the same steps in the same batches
+        rng = np.random.default_rng(5)
+        worlds.append(World(rng, 2, cfg.frame_stack, cfg.frame_padding))
+        feed(b, worlds[-1], rng, 30, rounds=bool(cfg.frame_stack))
+    check_all(twin, worlds[1], cfg.n_step, 0.8)
+    a, b = buf.sample(6), twin.sample(6)
+    np.testing.assert_array_equal(a.indices, b.indices)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])

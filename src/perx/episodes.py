@@ -643,7 +643,10 @@ class EpisodeStore:
         linked = succ >= 0
         if linked.any() and (stream[succ[linked] % cap] != stream[linked]).any():
             raise ValueError("succ: a step's successor belongs to another stream")
-        ended = storage["terminated"][:size] | storage["truncated"][:size]
+        if size:
+            ended = storage["terminated"][:size] | storage["truncated"][:size]
+        else:  # saved before its first add: without spec= the storage has no fields yet
+            ended = np.zeros(0, np.bool_)
         if not np.array_equal(succ == ENDED, ended):
             raise ValueError("succ: -1 (ended) must mark exactly the terminated or truncated steps")
         if ((head < -1) | (head >= next_id)).any():
