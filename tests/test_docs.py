@@ -38,3 +38,20 @@ def test_lap_costs_what_its_row_says():
         perx.ReplayBuffer(1000, sampler)
         perx.ReplayBuffer(1000, twin)
         assert sampler.nbytes == twin.nbytes
+
+
+def test_the_docs_say_the_bogus_reset_step_is_refused_only_with_frame_stacks():
+    """What tests/test_episodes.py shows of the next-step autoreset's reset-only step added by hand: refused with
+    stacks of two frames or more, stored as a first step without (perx.gym.VectorRecorder drops it). Each place
+    that mentions the step says so, in the paragraph that mentions it."""
+    import perx.episodes
+
+    training_loops = (DESIGN.parent / "training_loops.md").read_text()
+    for where, text in (("perx.episodes", perx.episodes.__doc__), ("docs/training_loops.md", training_loops)):
+        paragraphs = [p for p in text.split("\n\n") if "bogus reset step" in p]
+        assert paragraphs, where
+        for paragraph in paragraphs:
+            flat = " ".join(paragraph.split())
+            assert "refused only with stacks of two frames or more" in flat, where
+            assert "Without stacks it is stored as the first step of a new episode" in flat, where
+            assert "VectorRecorder" in flat, where

@@ -198,18 +198,47 @@ def test_a_step_that_does_not_continue_its_episode_is_refused(next_obs):
         buf.add(**wrong)  # two streams: the stream must be given
 
 
-def test_the_bogus_reset_step_of_next_step_autoreset_is_refused():
-    """Gymnasium's default autoreset: after an episode ends, the next step of that sub-env only resets it;
-    storing (final obs -> reset obs) as a transition would cross the episode boundary."""
-    buf = perx.ReplayBuffer(20, episodes=Episodes(streams=1, next_obs="shared"))
-    o = lambda v: np.full(2, v, np.float32)  # noqa: E731
-    buf.add(obs=o(0), next_obs=o(1), reward=0.0, terminated=False, truncated=False)
-    buf.add(obs=o(1), next_obs=o(9), reward=1.0, terminated=True, truncated=False)  # episode ends at 9
-    # the bogus step: obs is the final obs 9, next_obs the reset obs 0; it does not *continue* anything,
-    # so it would start an episode... which is refused only if its obs equals a final obs? No: it is a
-    # legal episode start here, which is why the recorder (not the buffer) must drop it.
-    ids = buf.add(obs=o(0), next_obs=o(1), reward=0.0, terminated=False, truncated=False)  # a real start
-    assert buf.get(ids)["steps"][0] == 1
+@pytest.mark.parametrize("layout", [dict(next_obs="stored"), dict(next_obs="shared"), dict(frame_stack=1),
+                                    dict(frame_stack=2), dict(frame_stack=3, frame_padding="zero")],
+                         ids=["stored", "shared", "frames1", "frames2", "frames3-zero"])
+def test_the_bogus_reset_step_of_next_step_autoreset_is_refused_only_with_stacks_of_two_frames_or_more(layout):
+    """Gymnasium's default autoreset: the step after an episode ends only resets that sub-env (reward 0; obs the
+    final observation, next_obs the reset one). Added by hand, it is refused where the buffer can tell: with stacks
+    of k >= 2 frames its next stack (the reset stack) is not its stack shifted by one frame, unless the pair is
+    itself a valid first step (a final stack that is the reset stack, or all zeros with zero padding). Without
+    stacks it looks exactly like a legitimate first step of an episode (one whose reset observation is where the
+    last episode ended: an episode continued after end_episodes, an environment with one observation, a time
+    limit hit at the start state), so it is stored as one; only perx.gym.VectorRecorder, which knows the
+    autoreset mode, can drop it (tests/test_gym.py)."""
+    cfg = Episodes(n_step=3, gamma=0.5, **layout)
+    k = cfg.frame_stack
+    pad = 0.0 if cfg.frame_padding == "zero" else None
+
+    def obs(*frames):  # the stack ending at the last of these frames of one episode (the frame itself if no stacks)
+        if not k:
+            return np.full(2, frames[-1], np.float32)
+        frames = [pad if pad is not None else frames[0]] * k + list(frames)
+        return np.stack([np.full(2, v, np.float32) for v in frames[-k:]])
+
+    buf = perx.ReplayBuffer(20, episodes=cfg)
+    buf.add(**_step(obs(5), obs(5, 6), r=1.0))
+    buf.add(**_step(obs(5, 6), obs(5, 6, 9), r=1.0, term=True))  # the episode ends at frame 9
+    bogus = _step(obs(5, 6, 9), obs(5))  # final -> reset, not a transition of the environment
+    if k and k > 1:
+        before = snapshot(buf)
+        with pytest.raises(ValueError, match="shifted by one frame"):
+            buf.add(**bogus)
+        assert_same(before, snapshot(buf))
+        # accepted where (final stack -> reset stack) is itself a valid first step: a final stack that is the
+        # reset stack ("first" padding) or all zeros ("zero")
+        z = 9 if pad is None else 0
+        buf.add(**_step(obs(z), obs(z, z), term=True))
+        ids = buf.add(**_step(obs(z, z), obs(9)))
+    else:
+        ids = buf.add(**bogus)
+    batch = buf.get(ids)
+    assert buf.predecessors(ids).tolist() == [-1] and batch["steps"].tolist() == [1]  # stored as a first step
+    assert buf.get([1])["steps"].tolist() == [1]  # the ended episode's windows do not cross into it
 
 
 def test_frame_stacks_store_each_frame_once():

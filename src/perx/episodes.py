@@ -28,8 +28,14 @@ Everything derived at sample time, from single steps stored once:
 
 Observations are checked on the way in (``check=True``): a continuing step's observation must equal the
 previous step's next observation, and a stack must be the previous stack shifted by one frame, so a step
-that does not belong where it is written (the bogus reset step of Gymnasium's next-step autoreset, a
-wrong stream id) is refused with a ValueError before anything is stored.
+that does not belong where it is written (a wrong stream id) is refused with a ValueError before anything
+is stored. The bogus reset step of Gymnasium's next-step autoreset (final observation -> reset
+observation, after an episode's end), added by hand, is refused only with stacks of two frames or more
+(the reset stack is not the final stack shifted by one frame, unless the pair could itself start an
+episode: a final stack equal to the reset stack, or all zeros with ``"zero"`` padding). Without stacks it
+is stored as the first step of a new episode: it looks exactly like one (an episode may start where the
+last one ended, e.g. continued after ``end_episodes``), and only the recorder knows the autoreset mode:
+``perx.gym.VectorRecorder`` drops these steps.
 """
 
 from __future__ import annotations
