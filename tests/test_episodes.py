@@ -534,3 +534,61 @@ def test_an_episodic_buffer_saved_before_its_first_add_loads_and_then_works_as_a
     np.testing.assert_array_equal(a.indices, b.indices)
     for key in a:
         np.testing.assert_array_equal(a[key], b[key])
+
+
+def _crafted(tmp_path, buf, **changes):
+    """Save ``buf``, then set the given members of the file (``episodes/...`` or ``data/...``, as arrays or as
+    ``{index: value}``) and return its path."""
+    from tests.test_hardening import members, rewrite
+
+    path = tmp_path / "e.npz"
+    buf.save(path)
+    meta, arrays = members(path)
+    for name, change in changes.items():
+        name = name.replace("__", "/")
+        if isinstance(change, dict):
+            arrays[name] = arrays[name].copy()
+            for index, value in change.items():
+                arrays[name][index] = value
+        else:
+            arrays[name] = np.asarray(change, arrays[name].dtype)
+    rewrite(path, meta, arrays)
+    return path
+
+
+def test_a_crafted_stream_head_must_be_its_newest_stored_step_and_open_only_after_a_step(tmp_path):
+    """head (each stream's newest id, -1 before its first) and head_open (does its episode go on) are what the
+    stored steps imply; an open head that was overwritten is a real state (a stream left behind), and loads."""
+    buf = perx.ReplayBuffer(4, episodes=Episodes(n_step=3, streams=3, next_obs="shared"))
+    o = lambda v: np.full(2, v, np.float32)  # noqa: E731
+    buf.add(**_step(o(0), o(1)), stream=2)  # stream 2's step is overwritten below, its episode still open
+    for t in range(4):
+        buf.add(**_step(o(t), o(t + 1), trunc=t in (1, 3)), stream=0)  # ids 1..4; stream 1 never adds
+    twin = perx.ReplayBuffer.load(_crafted(tmp_path, buf))
+    assert twin._episodes.head.tolist() == [4, -1, 0] and twin._episodes.head_open.tolist() == [False, False, True]
+    with pytest.raises(ValueError, match="head_open"):  # no step yet, but an episode going on
+        perx.ReplayBuffer.load(_crafted(tmp_path, buf, episodes__head_open={1: True}))
+    with pytest.raises(ValueError, match="head"):  # an older step of stream 0 than its newest, 4
+        perx.ReplayBuffer.load(_crafted(tmp_path, buf, episodes__head={0: 3}))
+    with pytest.raises(ValueError, match="head"):  # a stream with no stored step cannot have a stored head
+        perx.ReplayBuffer.load(_crafted(tmp_path, buf, episodes__head={1: 3}))
+
+
+@pytest.mark.parametrize("next_obs", ["stored", "shared"])
+def test_crafted_successor_links_that_skip_a_step_or_share_a_successor_are_refused_at_load(tmp_path, next_obs):
+    """succ links a step that goes on to the next stored step of its stream: a link that skips one (the skipped
+    step made to end its episode, so that the flags agree) or two steps followed by the same one are refused."""
+    buf = perx.ReplayBuffer(8, episodes=Episodes(n_step=3, streams=2, next_obs=next_obs))
+    o = lambda v: np.full(2, v, np.float32)  # noqa: E731
+    for t in range(4):
+        buf.add(**_step(o(t), o(t + 1)), stream=0)
+    buf.add(**_step(o(0), o(1)), stream=1)
+    assert buf._episodes.succ[:5].tolist() == [1, 2, 3, -2, -2]
+    perx.ReplayBuffer.load(_crafted(tmp_path, buf))  # as saved, it loads
+    with pytest.raises(ValueError, match="succ"):  # step 0 skips step 1: both are followed by step 2
+        perx.ReplayBuffer.load(_crafted(tmp_path, buf, episodes__succ={0: 2}))
+    with pytest.raises(ValueError, match="succ"):  # step 0 skips steps 1 and 2: steps 0 and 2 followed by 3
+        perx.ReplayBuffer.load(_crafted(tmp_path, buf, episodes__succ={0: 3}))
+    if next_obs == "stored":  # (shared: the ended step would also need a final observation in the file)
+        with pytest.raises(ValueError, match="succ"):
+            perx.ReplayBuffer.load(_crafted(tmp_path, buf, episodes__succ={0: 2, 1: -1}, data__truncated={1: True}))

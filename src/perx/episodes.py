@@ -655,14 +655,36 @@ class EpisodeStore:
             ended = np.zeros(0, np.bool_)
         if not np.array_equal(succ == ENDED, ended):
             raise ValueError("succ: -1 (ended) must mark exactly the terminated or truncated steps")
+        # a stream's steps are written in id order, and a step that does not end its episode is continued by
+        # its stream's next step: so succ follows from the streams and the ends, and no link may skip a step of
+        # its stream or share its successor with another step
+        order = np.lexsort((ids, stream))  # slots by stream, then by id
+        same = stream[order[1:]] == stream[order[:-1]]
+        after = np.full(size, PENDING, np.int64)
+        after[order[:-1][same]] = ids[order[1:][same]]
+        bad = np.flatnonzero(succ != np.where(ended, ENDED, after))
+        if len(bad):
+            b = int(bad[0])
+            raise ValueError(f"succ: a step that does not end its episode must link to the next stored step of its "
+                             f"stream, or be pending (-2) if it is the stream's newest; step {int(ids[b])} links to "
+                             f"{int(succ[b])}, not {int(after[b])}")
         if ((head < -1) | (head >= next_id)).any():
             raise ValueError("head: stream heads must be ids already issued, or -1")
-        live_head = (head >= 0) & (head >= next_id - cap)
-        if (stream[head[live_head] % cap] != np.flatnonzero(live_head)).any():
-            raise ValueError("head: a stream's newest step must belong to that stream")
-        open_heads = head[head_open & (head >= max(0, next_id - cap))]
-        if not np.array_equal(np.sort(ids[succ == PENDING]), np.sort(open_heads)):
-            raise ValueError("succ/head: -2 (pending) must mark exactly each open stream's newest step")
+        newest = np.full(cfg.streams, -1, np.int64)
+        np.maximum.at(newest, stream, ids)
+        has = newest >= 0
+        gone = head[~has]
+        if not np.array_equal(head[has], newest[has]) or ((gone >= 0) & (gone >= next_id - cap)).any() \
+                or len(np.unique(head[head >= 0])) != np.count_nonzero(head >= 0):
+            raise ValueError(f"head: a stream's head must be its newest stored step, else an overwritten id (one "
+                             f"per stream) or -1 before its first step; got {_short(head.tolist())} with newest "
+                             f"stored steps {_short(newest.tolist())} (-1: none)")
+        # with succ checked above, this also makes -2 (pending) mark exactly the open heads still stored
+        wrong = head_open & (head < 0)
+        wrong[has] |= head_open[has] == ended[newest[has] % cap]
+        if wrong.any():
+            raise ValueError(f"head_open: a stream's episode goes on only after a step that did not end it; stream "
+                             f"{int(np.flatnonzero(wrong)[0])} has {bool(head_open[np.flatnonzero(wrong)[0]])}")
         self.succ[:size], self.stream[:size] = succ, stream
         self.pred[:] = -1
         self.pred[succ[linked] % cap] = ids[linked]
