@@ -556,6 +556,38 @@ def _crafted(tmp_path, buf, **changes):
     return path
 
 
+def _two_streams_of_stacks():
+    """Capacity 4, stacks of 2 frames, frame_margin 4, streams 0 and 1 adding in turn (ids 0, 2, ... 8 and 1, 3,
+    ... 9), no episode ends: each id's frame follows id - 2, and the ring keeps the frames of ids 2 to 9."""
+    buf = perx.ReplayBuffer(4, episodes=Episodes(frame_stack=2, streams=2, frame_margin=4))
+    f = lambda e, t: np.full(2, 10 * e + t, np.float32)  # noqa: E731
+    for t in range(5):
+        buf.extend(obs=np.stack([np.stack([f(e, max(t - 1, 0)), f(e, t)]) for e in range(2)]),
+                   next_obs=np.stack([np.stack([f(e, t), f(e, t + 1)]) for e in range(2)]),
+                   reward=np.zeros(2), terminated=np.zeros(2, bool), truncated=np.zeros(2, bool), stream=[0, 1])
+    return buf
+
+
+@pytest.mark.parametrize("rpred, match", [  # rpred[i] is the frame predecessor of id i + 2
+    ({6: 7, 7: 6}, "stored step's frame must follow"),  # ids 8 and 9 after the other stream's frames 7 and 6
+    ({6: -1}, "stored step's frame must follow"),  # id 8 cut from id 6, though step 6 goes on into step 8
+    ({4: 5}, "followed by at most one"),  # id 6, the oldest stored step of stream 0, after id 5, as id 7 is
+    ({7: 8}, "newest step by none"),  # id 9 after id 8, stream 0's newest step
+    ({5: 2}, "at most frame_margin"),  # id 7 after id 2, 5 ids back: further than adding allows
+])
+def test_crafted_frame_links_are_refused_at_load(tmp_path, rpred, match):
+    """rpred (each frame's predecessor in the ring) must be what adding the steps wrote, as far as the rest of
+    the file tells: for a stored step, the predecessor succ implies (an overwritten one only for its stream's
+    oldest stored step); for every frame, an earlier frame within frame_margin // (k - 1) ids that no other
+    frame and no stream's newest step follows. Stacks are walked through it: a crafted link would build them
+    from another stream's frames."""
+    buf = _two_streams_of_stacks()
+    np.testing.assert_array_equal(perx.ReplayBuffer.load(_crafted(tmp_path, buf)).get([6, 7, 8, 9])["obs"],
+                                  buf.get([6, 7, 8, 9])["obs"])  # as saved, it loads
+    with pytest.raises(ValueError, match="rpred: a .*" + match):
+        perx.ReplayBuffer.load(_crafted(tmp_path, buf, episodes__rpred=rpred))
+
+
 def test_a_crafted_stream_head_must_be_its_newest_stored_step_and_open_only_after_a_step(tmp_path):
     """head (each stream's newest id, -1 before its first) and head_open (does its episode go on) are what the
     stored steps imply; an open head that was overwritten is a real state (a stream left behind), and loads."""

@@ -700,6 +700,7 @@ class EpisodeStore:
             p = arrays["rpred"]
             if ((p != -1) & ((p < 0) | (p >= ring_ids))).any():
                 raise ValueError("rpred: a frame's predecessor must be an earlier id, or -1")
+            self._check_frame_links(p, ring_ids, ids, stream, next_id)
             self.rpred[ring_ids % self.ring] = p
         self.units[ring_ids % self.ring] = arrays["units"]
         self.head_units[:] = arrays["head_units"]
@@ -707,6 +708,44 @@ class EpisodeStore:
         where = self._take_final(len(final_slots)) if len(final_slots) else np.empty(0, np.int64)
         self.final_units[where] = final_units
         self.final[final_slots] = where
+
+    def _check_frame_links(self, rpred: np.ndarray, ring_ids: np.ndarray, ids: np.ndarray, stream: np.ndarray,
+                           next_id: int) -> None:
+        """Raise unless ``rpred`` (the frame predecessor of each id in ``ring_ids``, as loaded) is what adding
+        the steps wrote, as far as the rest of the state tells: stacks are walked through it, so a crafted link
+        would build them from frames of another stream or episode. Needs ``self.pred`` and ``self.head``
+        restored (from checked values)."""
+        cfg, cap = self.cfg, self.capacity
+        k = cfg.frame_stack
+        linked = rpred >= 0
+        far = linked & (ring_ids - rpred > cfg.frame_margin // max(k - 1, 1))
+        if k > 1 and far.any():
+            b = int(np.flatnonzero(far)[0])
+            raise ValueError(f"rpred: a frame's predecessor must lie at most frame_margin // (frame_stack - 1) = "
+                             f"{cfg.frame_margin // (k - 1)} ids back (adding refuses a step further from it); id "
+                             f"{int(ring_ids[b])} follows {int(rpred[b])}")
+        # each step has at most one successor, and a stream's newest step none yet
+        followed = rpred[linked]
+        values, counts = np.unique(followed, return_counts=True)
+        twice = np.concatenate((values[counts > 1], followed[np.isin(followed, self.head)]))
+        if len(twice):
+            raise ValueError(f"rpred: a frame is followed by at most one frame, and a stream's newest step by none; "
+                             f"id {int(twice[0])} is followed by ids {_short(ring_ids[rpred == twice[0]].tolist())}")
+        # a stored step follows the step succ links to it; without one it starts an episode (-1), unless it is
+        # its stream's oldest stored step: its predecessor may have been overwritten (with stacks of k >= 2
+        # frames its frame is then still in the ring)
+        oldest = np.full(cfg.streams, next_id, np.int64)
+        np.minimum.at(oldest, stream, ids)
+        stored = ring_ids >= next_id - cap
+        slots = ring_ids[stored] % cap
+        got, want = rpred[stored], self.pred[slots]
+        overwritten = (want == -1) & (ids[slots] == oldest[stream[slots]]) & (got < next_id - cap)
+        bad = np.flatnonzero((got != want) & ~overwritten)
+        if len(bad):
+            b = int(bad[0])
+            raise ValueError(f"rpred: a stored step's frame must follow the step its stream's succ links to it, or "
+                             f"none (-1) if no stored step does; id {int(ring_ids[stored][b])} follows {int(got[b])}, "
+                             f"not {int(want[b])}")
 
 
 def _same_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
