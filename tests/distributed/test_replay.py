@@ -259,3 +259,39 @@ def test_an_update_a_shard_refuses_is_raised_once_and_counted(shards):
             raised += 1
     assert raised == 1  # accounted for: not raised again
     assert replay.failed_updates == 1 and replay.applied == 3
+
+
+@pytest.mark.parametrize("shard", [-1, 3, True, 1.0, "1"])
+def test_add_refuses_a_shard_that_is_not_an_int_in_range(shards, shard):
+    replay = shards
+    replay.reset(30, perx.Proportional(alpha=0.6), seed=11)
+    # -1 would store in shard K-1 and True in shard 1 (Python's indexing), so both are refused
+    with pytest.raises(ValueError, match=rf"shard: .*got {shard!r}"):
+        replay.add(shard=shard, obs=np.zeros((2, 1)), action=np.zeros(2, np.int64))
+    assert [s["size"] for s in replay.refresh()] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("values", [[True, False], ["3.5", "1e2"], [1.0, None]])
+def test_updates_that_are_not_real_numbers_are_refused_before_anything_is_sent(shards, values):
+    replay = shards
+    replay.reset(30, perx.Proportional(alpha=0.6), seed=12)
+    ids = replay.add(shard=2, obs=np.zeros((2, 1)), action=np.zeros(2, np.int64))
+    totals = [s["total"] for s in replay.refresh()]
+    # as the core ReplayBuffer.update_priorities: bools, strings and objects are not converted to floats
+    with pytest.raises(TypeError, match="td_errors: expected real numbers"):
+        replay.update_priorities(ids, values, wait=True)
+    with pytest.raises(TypeError, match="priorities: expected real numbers"):
+        replay.update_priorities(ids, values, raw=True, wait=True)
+    assert [s["total"] for s in replay.refresh()] == totals and replay.applied == 0
+
+
+def test_reset_with_a_bad_seed_changes_nothing(shards):
+    replay = shards
+    replay.reset(30, perx.Proportional(alpha=0.6), seed=13)
+    prototype, shard_capacity = replay.prototype, replay.shard_capacity
+    replay.add(shard=0, obs=np.zeros((2, 1)), action=np.zeros(2, np.int64))
+    for seed in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=rf"seed: .*got {seed!r}"):
+            replay.reset(300, perx.Uniform(), seed=seed)
+    assert replay.prototype is prototype and replay.shard_capacity == shard_capacity == 10
+    assert [s["size"] for s in replay.refresh()] == [2, 0, 0]

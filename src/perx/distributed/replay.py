@@ -43,6 +43,7 @@ import numpy as np
 import ray
 
 from perx import Batch, Proportional, ReplayBuffer, Sampler, Uniform
+from perx._validation import to_numpy
 
 SHARD_BITS = 10
 INCARNATION_BITS = 10
@@ -76,14 +77,24 @@ def as_index_array(values: object, name: str) -> np.ndarray:
 
 
 def as_value_array(values: object, name: str, length: int) -> np.ndarray:
-    """float64 [length] finite values, else ValueError naming ``name``."""
+    """float64 [length] finite values: TypeError naming ``name`` for bools, strings or objects (as the core
+    ``ReplayBuffer.update_priorities``), ValueError for the wrong length or a NaN/inf."""
     try:
-        arr = np.asarray(values, dtype=np.float64)
+        arr = to_numpy(values)  # not np.asarray(dtype=float64), which would turn True and "3.5" into numbers
     except (TypeError, ValueError):
         raise ValueError(f"{name}: expected {length} numbers, got {_short(values)}") from None
+    if arr.dtype.kind not in "iuf":
+        raise TypeError(f"{name}: expected real numbers, got dtype {arr.dtype} ({_short(values)})")
+    arr = arr.astype(np.float64, copy=False)
     if arr.shape != (length,) or not np.isfinite(arr).all():
         raise ValueError(f"{name}: expected {length} finite numbers, got {_short(values)}")
     return arr
+
+
+def check_seed(seed: object) -> int | None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ValueError(f"seed: None or an int >= 0, got {_short(seed)}")
+    return None if seed is None else int(seed)
 
 
 def check_batch_size(batch_size: object) -> int:
@@ -324,7 +335,7 @@ class ShardedReplay:
         capacity: total transitions kept (each shard keeps capacity / K, rounded up).
         sampler: an unbound ``perx.Uniform()``, ``perx.Proportional(...)`` or ``perx.LAP(...)``; every
             shard gets a copy (default uniform).
-        seed: seeds the split of each batch between the shards and the shards' samplers.
+        seed: seeds the split of each batch between the shards and the shards' samplers (None or an int >= 0).
         checkpoint_dir / checkpoint_every / resume: see :class:`Shard`; a shard that dies is restarted by
             Ray (``max_restarts``) and restores its last checkpoint; calls in flight are retried.
         max_restarts: how often Ray restarts a shard (-1: always).
@@ -345,11 +356,12 @@ class ShardedReplay:
             raise ValueError(f"capacity: an int >= num_shards ({num_shards}), got {_short(capacity)}")
         if type(checkpoint_every) is not int or checkpoint_every < 0:
             raise ValueError(f"checkpoint_every: an int >= 0, got {_short(checkpoint_every)}")
-        self.prototype = check_sampler(sampler)
+        sampler = check_sampler(sampler)
+        seed = check_seed(seed)
         if not ray.is_initialized():
             raise RuntimeError("ShardedReplay: call ray.init(...) first (a local cluster or address=...)")
         self.num_shards = num_shards
-        seeds = self._configure(capacity, seed)
+        seeds = self._configure(capacity, sampler, seed)
         folder = None if checkpoint_dir is None else str(Path(checkpoint_dir).resolve())
         #: This replay's token: a shard that finds files of its own job knows Ray restarted it.
         self.job = os.urandom(8).hex()
@@ -373,7 +385,9 @@ class ShardedReplay:
         self.restarts: list[dict[str, Any]] = []
         self.refresh()
 
-    def _configure(self, capacity: int, seed: int | None) -> list[int]:
+    def _configure(self, capacity: int, sampler: Sampler, seed: int | None) -> list[int]:
+        # the arguments are validated by the callers, so nothing below can fail half way
+        self.prototype = sampler
         self.shard_capacity = -(-capacity // self.num_shards)
         seeds = np.random.SeedSequence(seed).spawn(self.num_shards + 1)
         self._rng = np.random.default_rng(seeds[0])
@@ -389,9 +403,9 @@ class ShardedReplay:
         if type(capacity) is not int or capacity < self.num_shards:
             raise ValueError(f"capacity: an int >= num_shards ({self.num_shards}), got {_short(capacity)}")
         sampler = check_sampler(sampler)
+        seed = check_seed(seed)  # every argument before anything changes
         self.flush()
-        self.prototype = sampler
-        seeds = self._configure(capacity, seed)
+        seeds = self._configure(capacity, sampler, seed)
         replies = ray.get([sh.reset.remote(self.shard_capacity, sampler, seeds[k]) for k, sh in enumerate(self.shards)])
         self._stats = list(replies)
         self.applied = self.skipped = self.lost_updates = self.failed_updates = 0
@@ -548,6 +562,9 @@ class ShardedReplay:
         returns their global ids. Actors should call the shard actors directly, without waiting."""
         if shard is None:
             shard = self._next_shard = (getattr(self, "_next_shard", -1) + 1) % self.num_shards
+        elif isinstance(shard, bool) or not isinstance(shard, (int, np.integer)) or not 0 <= shard < self.num_shards:
+            # -1 or True would index self.shards (shard K-1, shard 1) instead of being refused
+            raise ValueError(f"shard: an int in [0, {self.num_shards}), got {_short(shard)}")
         stats = ray.get(self.shards[shard].add.remote(fields, td_errors, priorities, return_ids=True))
         ids = stats.pop("ids")
         self._note(stats)
