@@ -295,3 +295,18 @@ def test_reset_with_a_bad_seed_changes_nothing(shards):
             replay.reset(300, perx.Uniform(), seed=seed)
     assert replay.prototype is prototype and replay.shard_capacity == shard_capacity == 10
     assert [s["size"] for s in replay.refresh()] == [2, 0, 0]
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_a_priority_above_a_shards_cap_is_refused_before_anything_is_sent(shards, raw):
+    replay = shards
+    replay.reset(30, perx.Proportional(alpha=1.0), seed=14)
+    a = replay.add(shard=0, obs=np.zeros((2, 1)), action=np.zeros(2, np.int64))
+    b = replay.add(shard=1, obs=np.zeros((2, 1)), action=np.zeros(2, np.int64))
+    totals = [s["total"] for s in replay.refresh()]
+    # finite, but its mass would overflow shard 0's sum; shard 1's part alone would be accepted
+    with pytest.raises(ValueError, match=rf"{'priorities' if raw else 'td_errors'}: .*1e\+308.* shard 0"):
+        replay.update_priorities(np.concatenate([a[:1], b[:1]]), np.array([1e308, 5.0]), raw=raw)
+    replay.flush()
+    assert [s["total"] for s in replay.refresh()] == totals
+    assert replay.applied == 0 and replay.failed_updates == 0

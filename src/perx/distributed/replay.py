@@ -191,6 +191,7 @@ class Shard:
         if buf is None:
             buf = ReplayBuffer(capacity, copy.deepcopy(sampler), seed=seed)
         self.buffer = buf
+        self._max_accepted = _max_accepted(buf)
         self._config = {"capacity": buf.capacity, "sampler": buf.sampler.name, "config": buf.sampler.config(),
                         "seed": seed}
         self._since_checkpoint = 0
@@ -208,12 +209,14 @@ class Shard:
 
     # -- facts ---------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """size, next local id, mass totals (sum, min), incarnation, and the last restore point."""
+        """size, next local id, mass totals (sum, min), incarnation, the last restore point, and the largest
+        priority an update may set (``max_accepted_priority``, inf unless Proportional/LAP)."""
         buf = self.buffer
         total, smallest = buf.mass_totals()
         return {"shard": self.index, "size": len(buf), "next_id": buf.next_index, "total": total, "min": smallest,
                 "incarnation": self.incarnation, "restored_next_id": self.restores[-1][1] if self.restores else None,
-                "checkpoints": self.checkpoints, "version": self.version}
+                "checkpoints": self.checkpoints, "version": self.version,
+                "max_accepted_priority": self._max_accepted}
 
     # -- writing -------------------------------------------------------------------------------------
     def add(self, data: Mapping[str, np.ndarray], td_errors: np.ndarray | None = None,
@@ -304,6 +307,7 @@ class Shard:
         every id issued before is stale; the checkpoint file is removed."""
         buf = ReplayBuffer(capacity, copy.deepcopy(sampler), seed=seed)
         self.buffer = buf
+        self._max_accepted = _max_accepted(buf)
         self._config = {"capacity": capacity, "sampler": sampler.name, "config": sampler.config(), "seed": seed}
         self.incarnation += 1
         self.restores.append([self.incarnation, 0])
@@ -317,6 +321,12 @@ class Shard:
 
     def ping(self) -> int:
         return self.index
+
+
+def _max_accepted(buf: ReplayBuffer) -> float:
+    # Proportional caps each mass so that its own sum of leaves stays finite, so the cap depends on the
+    # shard's capacity; computed once per buffer (a pow and a few nextafter steps), not per reply
+    return float(buf.sampler.max_accepted_priority) if isinstance(buf.sampler, Proportional) else float("inf")
 
 
 def _restarted() -> bool:
@@ -498,7 +508,8 @@ class ShardedReplay:
     def update_priorities(self, indices, td_errors, *, raw: bool = False, wait: bool = False) -> int | None:
         """Send new TD errors (or raw priorities with ``raw``) of sampled ids to their shards, without
         waiting (``wait=True`` waits and returns how many were applied). Stale ids are skipped by the
-        shards and counted in :attr:`skipped`. Bad values raise here, before anything is sent."""
+        shards and counted in :attr:`skipped`. Bad values raise here, before anything is sent, and so do
+        priorities above a shard's ``max_accepted_priority`` (from its stats)."""
         ids = as_index_array(indices, "indices")
         values = as_value_array(td_errors, "priorities" if raw else "td_errors", length=len(ids))
         if raw and (values < 0).any():
@@ -509,6 +520,7 @@ class ShardedReplay:
         if len(ids) and shard.max() >= self.num_shards:
             raise ValueError(f"indices: id {int(ids[shard >= self.num_shards][0])} names shard "
                              f"{int(shard[shard >= self.num_shards][0])} of {self.num_shards}")
+        self._check_caps(values, shard, raw)
         order = np.argsort(shard, kind="stable")  # keeps each shard's updates in order: the last one wins
         bounds = np.searchsorted(shard[order], np.arange(self.num_shards + 1))
         for k in range(self.num_shards):
@@ -522,6 +534,21 @@ class ShardedReplay:
             return self.applied - before
         self._collect_updates(block=False)
         return None
+
+    def _check_caps(self, values: np.ndarray, shard: np.ndarray, raw: bool) -> None:
+        """Refuse priorities above their shard's cap here: sent, one shard would refuse its part while the
+        others apply theirs, leaving the update half applied."""
+        if not isinstance(self.prototype, Proportional) or not len(values):
+            return
+        p = values if raw else self.prototype.priority(values)  # the shards' priority function (same config)
+        caps = np.array([s["max_accepted_priority"] for s in self._stats])[shard]
+        bad = ~(p <= caps)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"{'priorities' if raw else 'td_errors'}: the value {float(values[i])!r} at position "
+                             f"{i} gives priority {float(p[i])!r}, above {float(caps[i])!r}, the largest shard "
+                             f"{int(shard[i])} accepts (its sum of masses p**alpha must stay finite); nothing was "
+                             f"sent")
 
     def _collect_updates(self, block: bool) -> None:
         if not self._updates:
