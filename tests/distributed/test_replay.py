@@ -310,3 +310,13 @@ def test_a_priority_above_a_shards_cap_is_refused_before_anything_is_sent(shards
     replay.flush()
     assert [s["total"] for s in replay.refresh()] == totals
     assert replay.applied == 0 and replay.failed_updates == 0
+
+
+def test_a_waited_update_returns_only_its_own_count(shards):
+    replay = shards
+    replay.reset(30, perx.Proportional(alpha=1.0), seed=15)
+    ids = np.concatenate([replay.add(shard=k, obs=np.zeros((4, 1)), action=np.zeros(4, np.int64)) for k in range(3)])
+    for _ in range(3):
+        replay.update_priorities(ids[:10], np.full(10, 2.0))  # not waited for: collected by the next flush
+        assert replay.update_priorities(ids[10:], np.full(2, 3.0), wait=True) == 2
+    assert replay.applied == 36

@@ -507,7 +507,8 @@ class ShardedReplay:
     # -- priorities ----------------------------------------------------------------------------------
     def update_priorities(self, indices, td_errors, *, raw: bool = False, wait: bool = False) -> int | None:
         """Send new TD errors (or raw priorities with ``raw``) of sampled ids to their shards, without
-        waiting (``wait=True`` waits and returns how many were applied). Stale ids are skipped by the
+        waiting (``wait=True`` waits for every update sent so far and returns how many of this call's ids
+        were applied). Stale ids are skipped by the
         shards and counted in :attr:`skipped`. Bad values raise here, before anything is sent, and so do
         priorities above a shard's ``max_accepted_priority`` (from its stats)."""
         ids = as_index_array(indices, "indices")
@@ -523,15 +524,16 @@ class ShardedReplay:
         self._check_caps(values, shard, raw)
         order = np.argsort(shard, kind="stable")  # keeps each shard's updates in order: the last one wins
         bounds = np.searchsorted(shard[order], np.arange(self.num_shards + 1))
+        sent = set()
         for k in range(self.num_shards):
             part = order[bounds[k]:bounds[k + 1]]
             if len(part):
                 ref = self.shards[k].update.remote(ids[part], values[part], raw)
                 self._updates.append((k, ref))
+                sent.add(ref)
         if wait:
-            before = self.applied
-            self.flush()
-            return self.applied - before
+            # a flush also collects earlier updates sent without waiting: count only this call's replies
+            return self._collect_updates(block=True, count=sent)
         self._collect_updates(block=False)
         return None
 
@@ -550,13 +552,16 @@ class ShardedReplay:
                              f"{int(shard[i])} accepts (its sum of masses p**alpha must stay finite); nothing was "
                              f"sent")
 
-    def _collect_updates(self, block: bool) -> None:
+    def _collect_updates(self, block: bool, count: set | None = None) -> int:
+        """Account for the update replies that have arrived (every one with ``block``); returns how many
+        ids the replies to the calls in ``count`` applied."""
         if not self._updates:
-            return
+            return 0
         refs = [r for _, r in self._updates]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=None if block else 0)
         if not ready:
-            return
+            return 0
+        counted = 0
         done = set(ready)
         self._updates = [(k, ref) for k, ref in self._updates if ref not in done]
         error = None
@@ -572,9 +577,12 @@ class ShardedReplay:
                 continue
             self.applied += applied
             self.skipped += skipped
+            if count is not None and ref in count:
+                counted += applied
             self._note(stats)
         if error is not None:  # raised once, after every reply received has been accounted for
             raise ValueError(f"update_priorities: a shard refused an update: {error.cause!r}") from error
+        return counted
 
     def flush(self) -> None:
         """Wait for every priority update sent so far."""
