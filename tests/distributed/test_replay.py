@@ -320,3 +320,26 @@ def test_a_waited_update_returns_only_its_own_count(shards):
         replay.update_priorities(ids[:10], np.full(10, 2.0))  # not waited for: collected by the next flush
         assert replay.update_priorities(ids[10:], np.full(2, 3.0), wait=True) == 2
     assert replay.applied == 36
+
+
+def test_union_of_shards_near_the_mass_cap_samples_exactly_without_overflow(shards):
+    replay = shards
+    replay.reset(24, perx.Proportional(alpha=1.0), seed=16)  # 8 per shard
+    cap = replay.stats[0]["max_accepted_priority"]
+    rng = np.random.default_rng(6)
+    prio = cap * rng.uniform(0.5, 1.0, 24)  # each shard's sum is finite, the three together exceed float64
+    for k in range(3):
+        replay.add(shard=k, priorities=prio[8 * k:8 * k + 8], obs=np.arange(8.0 * k, 8.0 * k + 8)[:, None],
+                   action=np.zeros(8, np.int64))
+    assert np.isinf(sum(s["total"] for s in replay.refresh()))
+    scaled = prio / cap  # exact: the cap is a power of two at alpha = 1
+    exact = scaled / scaled.sum()
+    counts = np.zeros(3)
+    for _ in range(20):
+        batch = replay.sample(48, beta=0.5)
+        obs = batch["obs"][:, 0].astype(int)
+        np.testing.assert_allclose(batch.probabilities, exact[obs], rtol=1e-12)
+        np.testing.assert_allclose(batch.weights, (exact[obs] / exact.min()) ** -0.5, rtol=1e-12)
+        np.add.at(counts, obs // 8, 1)
+    share = np.array([exact[8 * k:8 * k + 8].sum() for k in range(3)])
+    assert stats.chisquare(counts, share * counts.sum()).pvalue > ALPHA_TEST

@@ -453,9 +453,12 @@ class ShardedReplay:
     # -- sampling ------------------------------------------------------------------------------------
     def _counts(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         totals = np.array([s["total"] for s in self._stats])
-        grand = totals.sum()
-        if not grand > 0.0:
+        if not totals.max() > 0.0:
             raise ValueError("sample: the replay is empty (or every priority is 0); add transitions first")
+        # Each shard keeps its own total finite, but K of them may still sum past float64's maximum: scale by
+        # the largest one's power of two (exact), so the sum is at most K and q_k = M_k / M keeps full precision
+        totals = np.ldexp(totals, -np.frexp(totals.max())[1])
+        grand = totals.sum()
         if self.stratified:  # one point in each of B equal ranges of the global mass (000 App. B.2.1)
             points = (np.arange(batch_size) + self._rng.random(batch_size)) * (grand / batch_size)
         else:
