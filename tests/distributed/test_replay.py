@@ -1,6 +1,7 @@
 """ShardedReplay against the exact distribution of the union of its shards (000 eq. 1 and Sec. 3.4)."""
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -216,17 +217,60 @@ def test_shard_refuses_a_too_large_priority_before_storing():
     assert len(shard.buffer) == 0
 
 
+def bookkeeping(num_shards, shards=None):
+    """A ShardedReplay with only the learner's bookkeeping (and the given shard handles), no actors."""
+    replay = ShardedReplay.__new__(ShardedReplay)
+    replay.num_shards, replay.shards = num_shards, shards
+    replay._configure(10 * num_shards, perx.Proportional(alpha=1.0), 0)
+    replay._stats, replay.restarts, replay._replaced = [None] * num_shards, [], [set() for _ in range(num_shards)]
+    return replay
+
+
 def test_late_replies_do_not_overwrite_newer_totals():
-    replay = ShardedReplay.__new__(ShardedReplay)  # only the bookkeeping, no actors
-    replay._stats, replay.restarts = [None], []
+    replay = bookkeeping(1)
     base = {"shard": 0, "size": 4, "next_id": 4, "min": 1.0, "incarnation": 0, "restored_next_id": None,
-            "checkpoints": 0}
+            "checkpoints": 0, "instance": "a", "incarnation_drawn": False}
     replay._note({**base, "total": 50.0, "version": 3})
     replay._note({**base, "total": 80.0, "version": 2})  # an update reply collected late
     assert replay.stats[0]["total"] == 50.0
-    replay._note({**base, "total": 4.0, "version": 0, "incarnation": 2, "next_id": 1, "restored_next_id": 1})
+    replay._note({**base, "total": 4.0, "version": 0, "incarnation": 2, "next_id": 1, "restored_next_id": 1,
+                  "instance": "b"})
     assert replay.stats[0]["total"] == 4.0
     assert replay.restarts[0]["restarts"] == 2 and replay.restarts[0]["lost_at_least"] == 3
+
+
+def test_a_restart_with_a_lower_incarnation_is_newer_and_the_old_process_is_not(tmp_path):
+    replay = bookkeeping(1)
+    first = Shard(0, 16, perx.Proportional(alpha=1.0), job="j", meta_dir=str(tmp_path / "node-a"))
+    first.add({"x": np.arange(6.0)})
+    for _ in range(3):
+        replay._note(first.reset(16, perx.Proportional(alpha=1.0)))  # same process: newer, not a restart
+    replay._note(first.add({"x": np.arange(6.0)}))
+    assert replay.stats[0]["incarnation"] == 3 and replay.stats[0]["size"] == 6 and not replay.restarts
+    # restarted on a node without its incarnation file: an incarnation below 3 (a random draw, or 0 here)
+    again = Shard(0, 16, perx.Proportional(alpha=1.0), job="j", meta_dir=str(tmp_path / "node-b"))
+    assert again.incarnation < 3
+    replay._note(again.add({"x": np.arange(2.0)}))
+    assert replay.stats[0]["size"] == 2 and len(replay.restarts) == 1
+    assert replay.restarts[0]["lost_at_least"] == 6
+    replay._note(first.update(np.empty(0, np.int64), np.empty(0))[2])  # a late reply of the replaced process
+    replay._note(again.stats())
+    assert replay.stats[0]["size"] == 2 and len(replay.restarts) == 1
+
+
+def test_redraws_after_a_shard_lost_its_mass_are_bounded(ray_cluster):
+    stats = {"shard": 0, "size": 4, "next_id": 4, "total": 4.0, "min": 1.0, "incarnation": 0,
+             "restored_next_id": None, "checkpoints": 0, "version": 0, "instance": "a", "incarnation_drawn": False,
+             "max_accepted_priority": np.inf}
+    # a shard whose totals promise mass its draws never deliver (as one emptied between every reading of
+    # the totals and the draws would be): the batch is drawn again a few times, then sample gives up
+    hollow = SimpleNamespace(sample=SimpleNamespace(remote=lambda n: ray.put((None, np.empty(0, np.int64),
+                                                                                 np.empty(0), stats))),
+                             stats=SimpleNamespace(remote=lambda: ray.put(stats)))
+    replay = bookkeeping(1, [hollow])
+    replay.refresh()
+    with pytest.raises(RuntimeError, match=r"sample: \d+ draws in a row"):
+        replay.sample(8)
 
 
 def test_pipelined_batches_have_the_union_probabilities_when_nobody_writes(shards):

@@ -152,6 +152,11 @@ class Shard:
         self.checkpoint_every = int(checkpoint_every)
         self.job = job
         self.incarnation = 0
+        #: Drawn by every construction (a Ray restart is one): the learner tells a restarted shard by it, as
+        #: incarnations cannot order processes (one restarted where its file is not draws a random one)
+        self.instance = os.urandom(8).hex()
+        #: Whether the incarnation was drawn at random (then the number of restarts it spans is unknown).
+        self.incarnation_drawn = False
         #: [incarnation, next local id of the checkpoint it restored] for every restore, oldest first
         self.restores: list[list[int]] = []
         self._path = None
@@ -186,6 +191,7 @@ class Shard:
                 # restarted where its incarnation file is not (another node, no shared folder): an
                 # incarnation no earlier id can carry, with restore point 0, makes every old id stale
                 self.incarnation = int.from_bytes(os.urandom(2), "little") % _INC_MASK + 1
+                self.incarnation_drawn = True
                 self.restores = [[self.incarnation, 0]]
         self.restored_from = None if buf is None else str(self._path)
         if buf is None:
@@ -209,14 +215,15 @@ class Shard:
 
     # -- facts ---------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """size, next local id, mass totals (sum, min), incarnation, the last restore point, and the largest
-        priority an update may set (``max_accepted_priority``, inf unless Proportional/LAP)."""
+        """size, next local id, mass totals (sum, min), incarnation, the last restore point, the version and
+        the instance token (which order replies), and the largest priority an update may set
+        (``max_accepted_priority``, inf unless Proportional/LAP)."""
         buf = self.buffer
         total, smallest = buf.mass_totals()
         return {"shard": self.index, "size": len(buf), "next_id": buf.next_index, "total": total, "min": smallest,
                 "incarnation": self.incarnation, "restored_next_id": self.restores[-1][1] if self.restores else None,
-                "checkpoints": self.checkpoints, "version": self.version,
-                "max_accepted_priority": self._max_accepted}
+                "checkpoints": self.checkpoints, "version": self.version, "instance": self.instance,
+                "incarnation_drawn": self.incarnation_drawn, "max_accepted_priority": self._max_accepted}
 
     # -- writing -------------------------------------------------------------------------------------
     def add(self, data: Mapping[str, np.ndarray], td_errors: np.ndarray | None = None,
@@ -393,6 +400,8 @@ class ShardedReplay:
         #: One record per shard restart seen: shard, incarnation, the checkpoint's next id, and how many
         #: transitions the learner had seen that the checkpoint lacks (a lower bound of what was lost).
         self.restarts: list[dict[str, Any]] = []
+        #: Per shard, the instance tokens of its processes that a restart replaced (their late replies are old).
+        self._replaced: list[set[str]] = [set() for _ in range(num_shards)]
         self.refresh()
 
     def _configure(self, capacity: int, sampler: Sampler, seed: int | None) -> list[int]:
@@ -417,6 +426,10 @@ class ShardedReplay:
         self.flush()
         seeds = self._configure(capacity, sampler, seed)
         replies = ray.get([sh.reset.remote(self.shard_capacity, sampler, seeds[k]) for k, sh in enumerate(self.shards)])
+        for k, stats in enumerate(replies):
+            old = self._stats[k]
+            if old is not None and old["instance"] != stats["instance"]:  # restarted since its last reply
+                self._replaced[k].add(old["instance"])
         self._stats = list(replies)
         self.applied = self.skipped = self.lost_updates = self.failed_updates = 0
         self.restarts = []
@@ -425,14 +438,26 @@ class ShardedReplay:
     def _note(self, stats: dict[str, Any]) -> None:
         k = stats["shard"]
         old = self._stats[k]
-        if old is not None and stats["incarnation"] > old["incarnation"]:
+        if old is not None and stats["instance"] != old["instance"]:
+            # Another process. Incarnations cannot tell which is newer (one restarted where its incarnation
+            # file is not draws a random one, maybe lower), but Ray restarts an actor only after its process
+            # died: a process the learner has not seen replaced the one it had, and a reply of one already
+            # replaced is late (collected after its successor's).
+            if stats["instance"] in self._replaced[k]:
+                return
+            self._replaced[k].add(old["instance"])
             restored = stats["restored_next_id"] or 0
+            grew = stats["incarnation"] - old["incarnation"]
             self.restarts.append({"shard": k, "incarnation": stats["incarnation"], "restored_next_id": restored,
-                                  "restarts": stats["incarnation"] - old["incarnation"],
+                                  # restarts since the last reply seen: None when unknown (at least one)
+                                  "restarts": grew if grew > 0 and not stats["incarnation_drawn"] else None,
                                   "seen_next_id": old["next_id"],
                                   "lost_at_least": max(0, old["next_id"] - restored), "time": time.time()})
-        # replies can arrive out of order (updates are collected late): keep the newest state
-        if old is None or (stats["incarnation"], stats["version"]) >= (old["incarnation"], old["version"]):
+            self._stats[k] = stats
+            return
+        # one process: its version grows with every change (reset() included), and replies can arrive out of
+        # order (updates are collected late): keep the newest state
+        if old is None or stats["version"] >= old["version"]:
             self._stats[k] = stats
 
     def refresh(self) -> list[dict[str, Any]]:
@@ -626,17 +651,29 @@ class PendingBatch:
         return len(ready) == len(self.refs)
 
     def result(self) -> Batch:
-        replay = self.replay
-        replies = _get_retrying(lambda k: replay.shards[k].sample.remote(int(self.counts[k])),
-                                range(replay.num_shards), first=self.refs)
-        if any(len(r[1]) < c for r, c in zip(replies, self.counts, strict=True)):
-            # a shard chosen by the split had lost its mass (restarted empty, or priorities set to 0):
-            # its draws cannot be made, and dropping them would bias the rest, so the batch is drawn again
-            # from fresh totals
+        replay, pending = self.replay, self
+        for attempt in range(_DRAWS):
+            if attempt:
+                # a shard chosen by the split had lost its mass (restarted empty, or priorities set to 0):
+                # its draws cannot be made, and dropping them would bias the rest, so the batch is drawn
+                # again from fresh totals
+                replay.refresh()
+                pending = replay.sample_async(int(self.counts.sum()), self.beta)
+            replies = _get_retrying(lambda k, p=pending: replay.shards[k].sample.remote(int(p.counts[k])),
+                                    range(replay.num_shards), first=pending.refs)
+            short = [k for k, (r, c) in enumerate(zip(replies, pending.counts, strict=True)) if len(r[1]) < c]
+            if not short:
+                return replay._assemble(replies, pending.counts, pending.q, pending.beta)
             for r in replies:
                 replay._note(r[3])
-            return replay.sample(int(self.counts.sum()), self.beta)
-        return replay._assemble(replies, self.counts, self.q, self.beta)
+        raise RuntimeError(f"sample: {_DRAWS} draws in a row found shards chosen by the split without the mass "
+                           f"their latest totals promised (last: shards {short}); they keep losing it (restarting "
+                           f"empty, or priorities set to 0 meanwhile), or their totals are misread")
+
+
+#: Tries of one batch: a shard that lost its mass after the learner read its total is drawn again from
+#: fresh totals, but a shard that never delivers must end in an error, not in endless redraws.
+_DRAWS = 5
 
 
 def _get_retrying(submit, keys, first: list | None = None, attempts: int = 50) -> list:
