@@ -387,3 +387,23 @@ def test_union_of_shards_near_the_mass_cap_samples_exactly_without_overflow(shar
         np.add.at(counts, obs // 8, 1)
     share = np.array([exact[8 * k:8 * k + 8].sum() for k in range(3)])
     assert stats.chisquare(counts, share * counts.sum()).pvalue > ALPHA_TEST
+
+
+def test_resume_refuses_the_files_of_another_configuration(ray_cluster, tmp_path):
+    for k in range(2):
+        old = Shard(k, 10, perx.Proportional(alpha=0.6), checkpoint_dir=str(tmp_path))
+        old.add({"x": np.arange(3.0)})
+        old.checkpoint()
+    # the shards would keep the old capacity and sampler while the learner splits and weighs with the new ones
+    asked = [(2000, perx.Proportional(alpha=0.6), r"capacity: .*10 .*1000"),
+             (20, perx.Uniform(), r"sampler: .*'Proportional'.*'Uniform'"),
+             (20, perx.Proportional(alpha=1.0), r"sampler: .*alpha")]
+    for capacity, sampler, message in asked:
+        with pytest.raises(ValueError, match=message):
+            ShardedReplay(2, capacity, sampler, checkpoint_dir=tmp_path, resume=True)
+    Shard(0, 10, perx.Proportional(alpha=0.6), checkpoint_dir=str(tmp_path), resume=True)  # the same: resumed
+    with pytest.raises(ValueError, match="capacity"):  # and so does a Shard made by hand
+        Shard(0, 20, perx.Proportional(alpha=0.6), checkpoint_dir=str(tmp_path), resume=True)
+    replay = ShardedReplay(2, 20, perx.Proportional(alpha=0.6), checkpoint_dir=tmp_path, resume=True)
+    assert len(replay) == 6
+    replay.close()

@@ -138,7 +138,8 @@ class Shard:
         checkpoint_dir: folder of ``shard-<k>.perx`` (the buffer's checkpoint); None: no checkpoints, and a
             restarted shard starts empty.
         checkpoint_every: save after every this many added transitions (0: only on :meth:`checkpoint`).
-        resume: start from the files in ``checkpoint_dir`` (a new job continuing an old one).
+        resume: start from the files in ``checkpoint_dir`` (a new job continuing an old one); they must
+            hold the capacity and sampler asked for (ValueError naming the difference otherwise).
         job: a token naming the job (``ShardedReplay`` draws one). A shard that finds its own job's
             ``shard-<k>.json`` was restarted by Ray: it restores its checkpoint in a new incarnation.
         meta_dir: where ``shard-<k>.json`` (incarnations) lives: ``checkpoint_dir``, else a folder under the
@@ -171,7 +172,11 @@ class Shard:
         meta = None
         if self._meta_path is not None and self._meta_path.exists():
             meta = json.loads(self._meta_path.read_text())
-            if not (resume or (job and meta.get("job") == job)):
+            if job and meta.get("job") == job:
+                pass  # restarted by Ray: the configuration of the last reset() wins over the arguments (below)
+            elif resume:
+                _check_resumable(meta, self.index, str(self._meta_path.parent), capacity, sampler)
+            else:
                 meta = None  # another job's files: start fresh
         buf = None
         if meta is not None:
@@ -330,6 +335,25 @@ class Shard:
         return self.index
 
 
+def _check_resumable(meta: dict[str, Any], index: int, folder: str, capacity: int, sampler: Sampler) -> None:
+    """ValueError naming the argument unless shard ``index``'s incarnation file (``meta``, from a job being
+    resumed) holds the capacity and sampler asked for: a shard resumes with the file's configuration (and
+    its checkpoint's), so a learner splitting and weighing with other arguments would disagree with it."""
+    if "capacity" not in meta:  # written before files recorded their configuration: nothing to compare
+        return
+    if meta["capacity"] != capacity:
+        raise ValueError(f"capacity: shard {index}'s files in {folder} hold {meta['capacity']} transitions per "
+                         f"shard, this job asks for {capacity}; resume=True continues a job with its own "
+                         f"configuration (the same capacity, num_shards and sampler)")
+    config = json.loads(json.dumps(sampler.config()))  # as the file holds it (json's types)
+    if meta["sampler"] != sampler.name or meta["config"] != config:
+        differ = sorted(key for key in {**meta["config"], **config} if meta["config"].get(key) != config.get(key))
+        raise ValueError(f"sampler: shard {index}'s files in {folder} use {meta['sampler']!r} {meta['config']}, "
+                         f"this job asks for {sampler.name!r} {config}"
+                         + (f" (differing in {', '.join(differ)})" if meta["sampler"] == sampler.name else "")
+                         + "; resume=True continues a job with its own configuration")
+
+
 def _max_accepted(buf: ReplayBuffer) -> float:
     # Proportional caps each mass so that its own sum of leaves stays finite, so the cap depends on the
     # shard's capacity; computed once per buffer (a pow and a few nextafter steps), not per reply
@@ -380,6 +404,12 @@ class ShardedReplay:
         self.num_shards = num_shards
         seeds = self._configure(capacity, sampler, seed)
         folder = None if checkpoint_dir is None else str(Path(checkpoint_dir).resolve())
+        if resume and folder is not None:  # before any actor exists: a mismatch must not start a job
+            for k in range(num_shards):
+                meta_path = Path(folder) / f"shard-{k}.json"
+                if meta_path.exists():
+                    _check_resumable(json.loads(meta_path.read_text()), k, folder, self.shard_capacity,
+                                     self.prototype)
         #: This replay's token: a shard that finds files of its own job knows Ray restarted it.
         self.job = os.urandom(8).hex()
         meta_dir = str(Path(tempfile.gettempdir()) / "perx-shards" / self.job)
