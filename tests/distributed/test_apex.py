@@ -1,5 +1,7 @@
 """Ape-X pieces: the exploration schedule, n-step transitions, and a short run on CartPole with faults."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -7,7 +9,16 @@ pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
 ray = pytest.importorskip("ray")
 
-from perx.distributed.apex import ApexConfig, NStep, actor_epsilon, build_network, evaluate, train  # noqa: E402
+from perx.distributed.apex import (  # noqa: E402
+    ApexActor,
+    ApexConfig,
+    NStep,
+    actor_epsilon,
+    build_network,
+    evaluate,
+    push_shard,
+    train,
+)
 
 
 def test_actor_epsilons_follow_apex_schedule():
@@ -39,6 +50,31 @@ def test_nstep_truncation_bootstraps_from_the_last_observation():
     ns.step("s1", 1, 1.0, "s2", False, False)  # emits s0's window
     out = ns.step("s2", 0, 1.0, "s3", False, True)
     assert out == [("s1", 1, 1.5, 0.25, "s3"), ("s2", 0, 1.0, 0.5, "s3")]
+
+
+@pytest.mark.parametrize(("num_actors", "num_shards"), [(1, 3), (2, 3), (2, 4), (3, 2), (4, 2), (3, 7), (5, 5)])
+def test_pushes_give_every_shard_the_same_share(num_actors, num_shards):
+    # one round per actor and push, num_shards / gcd rounds: the actors together cycle through every shard
+    rounds = num_shards // np.gcd(num_actors, num_shards)
+    shards = [push_shard(i, j, num_actors, num_shards) for i in range(num_actors) for j in range(rounds)]
+    counts = np.bincount(shards, minlength=num_shards)
+    assert len(counts) == num_shards and (counts == counts[0]).all()
+    if num_actors % num_shards == 0:  # the assignment before: actor i always writes to shard i mod K
+        assert all(push_shard(i, j, num_actors, num_shards) == i % num_shards
+                   for i in range(num_actors) for j in range(rounds + 2))
+
+
+def test_one_actor_fills_every_shard(ray_cluster):
+    # with fewer actors than shards, a fixed shard per actor left some shards empty (learning might never start)
+    cfg = ApexConfig(num_actors=1, num_shards=3, push_size=4, capacity=30, learning_starts=10)
+    pushed = []
+
+    def shard(k):
+        return SimpleNamespace(add=SimpleNamespace(remote=lambda data, td: pushed.append(k) or ray.put(None)))
+
+    actor = ApexActor(cfg, 0, [shard(k) for k in range(3)])
+    actor.collect(40)
+    assert len(pushed) >= 6 and pushed == [j % 3 for j in range(len(pushed))]
 
 
 def test_apex_cartpole_improves_and_survives_a_killed_shard_and_actor(ray_cluster, tmp_path):

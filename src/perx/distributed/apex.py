@@ -4,7 +4,8 @@ The pieces, each a Ray Core actor or the driver process:
 
 * N **actors** (:class:`ApexActor`) step their own environment with epsilon_i = 0.4^(1 + 7 i / (N - 1)),
   build n-step transitions, compute their initial priorities |delta| with their copy of the network, and
-  push them to a shard of the replay in batches of ``push_size`` (one call per batch, never per step).
+  push them to the replay's shards in batches of ``push_size`` (one call per batch, never per step; push j
+  of actor i to shard (i + j N) mod K, :func:`push_shard`).
 * K **shards** (:class:`perx.distributed.ShardedReplay`): ordinary perx buffers, sampled as one
   (the union's exact P(i) and IS weights), checkpointed, restarted by Ray when they die.
 * The **learner** (:func:`train`, in the driver): keeps ``prefetch`` sample calls in flight, applies
@@ -83,7 +84,7 @@ class ApexConfig:
     broadcast_every: int = 25
     """Learner updates between parameter broadcasts to the actors (Ape-X: actors fetch every 400 frames)."""
     push_size: int = 256
-    """Transitions an actor sends per call to its shard."""
+    """Transitions an actor sends per call to a shard."""
     collect_steps: int = 256
     """Environment steps an actor takes per ``collect`` call (between the learner's checks on it)."""
     prefetch: int = 2
@@ -128,6 +129,17 @@ class ApexConfig:
 def actor_epsilon(i: int, n: int, base: float = 0.4, alpha: float = 7.0) -> float:
     """Ape-X's exploration schedule: epsilon_i = base^(1 + alpha i / (N - 1)) (Horgan et al. 2018, Sec. 4.1)."""
     return base if n == 1 else base ** (1.0 + alpha * i / (n - 1))
+
+
+def push_shard(actor: int, push: int, num_actors: int, num_shards: int) -> int:
+    """The shard of actor ``actor``'s ``push``-th push: (actor + push * num_actors) mod num_shards.
+
+    Round j (every actor's j-th push) covers the num_actors shards after round j - 1's, so the actors
+    together cycle through all the shards and, pushing at the same rate, give each the same share, even
+    with fewer actors than shards (a fixed shard per actor would leave shards empty). With num_actors a
+    multiple of num_shards it is actor mod num_shards at every push: each actor keeps one shard.
+    """
+    return (actor + push * num_actors) % num_shards
 
 
 def build_network(cfg: ApexConfig, obs_shape: tuple[int, ...], actions: int) -> torch.nn.Module:
@@ -185,9 +197,10 @@ class NStep:
 class ApexActor:
     """One Ape-X actor: its environment, epsilon, network copy and n-step builder (a Ray actor)."""
 
-    def __init__(self, cfg: ApexConfig, index: int, shard: Any, weights: dict[str, np.ndarray] | None = None) -> None:
+    def __init__(self, cfg: ApexConfig, index: int, shards: list[Any],
+                 weights: dict[str, np.ndarray] | None = None) -> None:
         torch.set_num_threads(1)
-        self.cfg, self.index, self.shard = cfg, index, shard
+        self.cfg, self.index, self.shards = cfg, index, list(shards)
         self.epsilon = actor_epsilon(index, cfg.num_actors, cfg.eps_base, cfg.eps_alpha)
         self.env = make_env(cfg.env_id, max_episode_steps=cfg.max_episode_steps)
         self.actions = int(self.env.action_space.n)
@@ -203,6 +216,7 @@ class ApexActor:
         self.pending = None
         self.episode_return = 0.0
         self.pushed = 0
+        self.pushes = 0
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
@@ -245,7 +259,9 @@ class ApexActor:
             td = (q_sa - y).detach().numpy().astype(np.float64)
         if self.pending is not None:
             ray.get(self.pending)  # back-pressure: one push in flight per actor
-        self.pending = self.shard.add.remote(data, td)
+        shard = self.shards[push_shard(self.index, self.pushes, self.cfg.num_actors, len(self.shards))]
+        self.pending = shard.add.remote(data, td)
+        self.pushes += 1
         self.pushed += len(rows)
 
 
@@ -313,7 +329,7 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
     Actor = ray.remote(ApexActor).options(max_restarts=-1, num_cpus=cfg.actor_cpus)
     # weights go by a call, not as constructor arguments: a restarted actor must not depend on an object
     # that may have left the store (ray-project/ray#53727); it gets the latest weights when it rejoins
-    actors = [Actor.remote(cfg, i, replay.shards[i % cfg.num_shards]) for i in range(cfg.num_actors)]
+    actors = [Actor.remote(cfg, i, replay.shards) for i in range(cfg.num_actors)]
     weights = ray.put(_weights(q))
     for a in actors:
         a.set_weights.remote(weights)
