@@ -52,6 +52,19 @@ def test_nstep_truncation_bootstraps_from_the_last_observation():
     assert out == [("s1", 1, 1.5, 0.25, "s3"), ("s2", 0, 1.0, 0.5, "s3")]
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("learning_starts", 0), ("learning_starts", -5), ("learning_starts", 1.5), ("replay_ratio", float("nan")),
+    ("replay_ratio", float("inf")), ("replay_ratio", -1.0), ("replay_ratio", True), ("seed", -1),
+    ("alpha", -0.5), ("beta0", 1.5), ("kappa", 0.0), ("gamma", 1.5), ("learning_rate", 0.0), ("eps_base", 2.0),
+    ("eps_alpha", float("nan")), ("eval_epsilon", -0.1), ("eval_max_steps", 0), ("max_episode_steps", 0),
+    ("checkpoint_every", -1), ("actor_cpus", -1.0), ("shard_cpus", float("inf")), ("num_shards", 2000),
+    ("capacity", 1), ("hidden", 0), ("env_id", 3), ("device", None)])
+def test_config_refuses_a_value_no_run_can_use(field, value):
+    # learning_starts=0 with replay_ratio=0 sampled the empty replay; the others fail later, or silently
+    with pytest.raises(ValueError, match=rf"{field}: .*got {value!r}"):
+        ApexConfig(**{field: value})
+
+
 @pytest.mark.parametrize(("num_actors", "num_shards"), [(1, 3), (2, 3), (2, 4), (3, 2), (4, 2), (3, 7), (5, 5)])
 def test_pushes_give_every_shard_the_same_share(num_actors, num_shards):
     # one round per actor and push, num_shards / gcd rounds: the actors together cycle through every shard

@@ -23,6 +23,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
+import numbers
 import os
 import time
 from collections import deque
@@ -39,7 +41,7 @@ import perx
 from perx.agents.dqn import network_for
 from perx.agents.envs import make_env, network_input
 from perx.agents.runner import METRICS, progress_bar, versions, write_metrics
-from perx.distributed.replay import ShardedReplay, _restarted
+from perx.distributed.replay import MAX_SHARDS, ShardedReplay, _restarted
 
 #: variant -> (sampler factory, Huber threshold kappa, initial beta); 000 Sec. 3-4 and 004 Sec. 5
 VARIANTS = {
@@ -112,15 +114,41 @@ class ApexConfig:
     """Free-form notes saved with the config."""
 
     def __post_init__(self) -> None:
+        # every field, so that a value no run can use fails here, naming it, and not minutes into a run (or
+        # never: learning_starts=0 with replay_ratio=0 sampled the empty replay, a NaN replay_ratio stopped
+        # the pacing)
         if self.variant not in VARIANTS:
             raise ValueError(f"variant: one of {sorted(VARIANTS)}, got {self.variant!r}")
+        for name in ("env_id", "device"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}: a str, got {getattr(self, name)!r}")
         for name in ("total_steps", "num_actors", "num_shards", "capacity", "n_step", "batch_size", "target_update",
-                     "broadcast_every", "push_size", "collect_steps", "prefetch", "eval_every", "eval_episodes"):
+                     "broadcast_every", "push_size", "collect_steps", "prefetch", "learning_starts", "eval_every",
+                     "eval_episodes", "eval_max_steps", "hidden"):
             v = getattr(self, name)
             if type(v) is not int or v < 1:
                 raise ValueError(f"{name}: an int >= 1, got {v!r}")
-        if not self.replay_ratio >= 0:
-            raise ValueError(f"replay_ratio: >= 0, got {self.replay_ratio!r}")
+        for name in ("seed", "checkpoint_every"):
+            v = getattr(self, name)
+            if type(v) is not int or v < 0:
+                raise ValueError(f"{name}: an int >= 0, got {v!r}")
+        if self.max_episode_steps is not None and (type(self.max_episode_steps) is not int
+                                                   or self.max_episode_steps < 1):
+            raise ValueError(f"max_episode_steps: None or an int >= 1, got {self.max_episode_steps!r}")
+        for names, ok, what in ((("beta0", "gamma", "eps_base", "eval_epsilon"), lambda v: 0 <= v <= 1, "in [0, 1]"),
+                                (("kappa", "learning_rate"), lambda v: v > 0, "> 0"),  # kappa: a Huber threshold
+                                (("alpha", "replay_ratio", "eps_alpha", "actor_cpus", "shard_cpus"),
+                                 lambda v: v >= 0, ">= 0")):
+            for name in names:
+                v = getattr(self, name)
+                if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or not ok(v):
+                    raise ValueError(f"{name}: a finite number {what}, got {v!r}")
+        if self.num_shards > MAX_SHARDS:
+            raise ValueError(f"num_shards: at most {MAX_SHARDS}, got {self.num_shards!r}")
+        if self.capacity < self.num_shards:
+            raise ValueError(f"capacity: at least num_shards ({self.num_shards}), got {self.capacity!r}")
+        if not isinstance(self.extra, dict):
+            raise ValueError(f"extra: a dict, got {self.extra!r}")
         if self.learning_starts > self.capacity:
             raise ValueError(f"learning_starts: at most capacity ({self.capacity}), got {self.learning_starts!r}; "
                              f"learning would never start")
