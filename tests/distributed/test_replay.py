@@ -407,3 +407,15 @@ def test_resume_refuses_the_files_of_another_configuration(ray_cluster, tmp_path
     replay = ShardedReplay(2, 20, perx.Proportional(alpha=0.6), checkpoint_dir=tmp_path, resume=True)
     assert len(replay) == 6
     replay.close()
+
+
+def test_new_transitions_get_their_own_shards_largest_priority():
+    # documented (docs/distributed.md): one buffer would give both new transitions priority 100
+    low, high = Shard(0, 8, perx.Proportional(alpha=1.0)), Shard(1, 8, perx.Proportional(alpha=1.0))
+    low.add({"x": np.zeros(2)})
+    seen = high.add({"x": np.zeros(2)}, return_ids=True)["ids"]
+    high.update(seen[:1], np.array([100.0]))
+    new_low = decode_ids(low.add({"x": np.ones(1)}, return_ids=True)["ids"])[0]
+    new_high = decode_ids(high.add({"x": np.ones(1)}, return_ids=True)["ids"])[0]
+    assert low.buffer.priorities(new_low)[0] == 1.0
+    assert high.buffer.priorities(new_high)[0] == pytest.approx(100.0)

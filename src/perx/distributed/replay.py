@@ -16,6 +16,14 @@ so they are exact for the distribution the batch was drawn from; that distributi
 whenever the totals used for q_k are current (always for :meth:`ShardedReplay.sample`, which reads them
 first, when no one writes concurrently; one round old for :meth:`ShardedReplay.sample_async`).
 
+New transitions added without TD errors or priorities get their own shard's maximal priority, not the
+union's that one buffer would give them (000 Alg. 1 line 6): ``Proportional(max_priority="historical")``
+(the default) the largest priority that shard has ever assigned, ``"buffer"`` the largest that shard
+holds now, both starting at max(1, eps, min_priority). So such a transition's P(i) = max_k^alpha / M
+depends on the shard it lands in, larger in a shard that has seen larger TD errors. Ape-X actors send
+TD errors with every transition (``perx apex`` does), so they are unaffected; a writer that wants the
+single-buffer rule passes the union's largest priority as ``priorities`` itself.
+
 Ids are global: ``local_id << 20 | incarnation << 10 | shard`` (int64, up to 1024 shards), so an update
 finds its shard, and the shard's own buffer skips stale ids after wrap-around exactly as one buffer does.
 A shard that is restarted restores its last checkpoint (``perx.ReplayBuffer.save``/``load``, atomic) and
