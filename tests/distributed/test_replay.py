@@ -419,3 +419,15 @@ def test_new_transitions_get_their_own_shards_largest_priority():
     new_high = decode_ids(high.add({"x": np.ones(1)}, return_ids=True)["ids"])[0]
     assert low.buffer.priorities(new_low)[0] == 1.0
     assert high.buffer.priorities(new_high)[0] == pytest.approx(100.0)
+
+
+def test_close_kills_the_shards_even_when_an_update_it_waits_for_was_refused(ray_cluster):
+    replay = ShardedReplay(2, 20, perx.Proportional(alpha=0.6), seed=0)
+    ids = replay.add(shard=0, obs=np.zeros((3, 1)), action=np.zeros(3, np.int64))
+    bogus = encode_ids(np.array([10**6]), replay.stats[0]["incarnation"], 0)  # never issued: refused
+    replay.update_priorities(np.concatenate([ids, bogus]), np.ones(4))
+    with pytest.raises(ValueError, match="refused"):
+        replay.close()
+    for shard in replay.shards:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(shard.ping.remote(), timeout=30)

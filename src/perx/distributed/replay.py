@@ -672,10 +672,13 @@ class ShardedReplay:
         return ids
 
     def close(self) -> None:
-        """Kill the shard actors (their checkpoints stay on disk)."""
-        self.flush()
-        for s in self.shards:
-            ray.kill(s, no_restart=True)
+        """Kill the shard actors (their checkpoints stay on disk), after waiting for the updates sent; an
+        update a shard refused is raised after the actors are killed, not instead of it."""
+        try:
+            self.flush()
+        finally:
+            for s in self.shards:
+                ray.kill(s, no_restart=True)
 
 
 class PendingBatch:
