@@ -428,6 +428,9 @@ def test_close_kills_the_shards_even_when_an_update_it_waits_for_was_refused(ray
     replay.update_priorities(np.concatenate([ids, bogus]), np.ones(4))
     with pytest.raises(ValueError, match="refused"):
         replay.close()
-    for shard in replay.shards:
+    for shard in replay.shards:  # ray.kill takes effect asynchronously: a ping may still get through at first
+        deadline = time.monotonic() + 30
         with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(shard.ping.remote(), timeout=30)
+            while time.monotonic() < deadline:
+                ray.get(shard.ping.remote(), timeout=30)
+                time.sleep(0.1)

@@ -51,7 +51,6 @@ import numpy as np
 import ray
 
 from perx import Batch, Proportional, ReplayBuffer, Sampler, Uniform
-from perx._validation import to_numpy
 
 SHARD_BITS = 10
 INCARNATION_BITS = 10
@@ -88,7 +87,7 @@ def as_value_array(values: object, name: str, length: int) -> np.ndarray:
     """float64 [length] finite values: TypeError naming ``name`` for bools, strings or objects (as the core
     ``ReplayBuffer.update_priorities``), ValueError for the wrong length or a NaN/inf."""
     try:
-        arr = to_numpy(values)  # not np.asarray(dtype=float64), which would turn True and "3.5" into numbers
+        arr = _host_array(values)  # not np.asarray(dtype=float64), which would turn True and "3.5" into numbers
     except (TypeError, ValueError):
         raise ValueError(f"{name}: expected {length} numbers, got {_short(values)}") from None
     if arr.dtype.kind not in "iuf":
@@ -97,6 +96,15 @@ def as_value_array(values: object, name: str, length: int) -> np.ndarray:
     if arr.shape != (length,) or not np.isfinite(arr).all():
         raise ValueError(f"{name}: expected {length} finite numbers, got {_short(values)}")
     return arr
+
+
+def _host_array(values: object) -> np.ndarray:
+    """``values`` as a numpy array; a tensor (torch, on any device, with or without grad) detached and copied
+    to host memory by duck typing, as the core does, without importing torch."""
+    detach = getattr(values, "detach", None)
+    if detach is not None and hasattr(values, "cpu") and hasattr(values, "numpy"):
+        return detach().cpu().numpy()
+    return np.asarray(values)
 
 
 def check_seed(seed: object) -> int | None:
