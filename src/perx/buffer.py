@@ -732,11 +732,8 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
                           for k, info in members.items() if k.startswith("sampler/")}
         episode_arrays = {k[len("episodes/"):]: _read_member(zf, info, what=k)
                           for k, info in members.items() if k.startswith("episodes/")}
-    # the sampler is new and is thrown away with the buffer if the file is refused: loaded in place, without
-    # load_state_dict's copy (a sampler class with a load_state_dict of its own gets that one)
-    load = sampler._load_state if type(sampler).load_state_dict is Sampler.load_state_dict else sampler.load_state_dict
-    try:
-        load(meta["sampler"]["state"], sampler_arrays, size=size, next_id=next_id)
+    try:  # the sampler is new, thrown away with the buffer if the file is refused
+        sampler._load_unguarded(meta["sampler"]["state"], sampler_arrays, size=size, next_id=next_id)
     except (KeyError, TypeError) as err:
         raise _LoadError(f"sampler state: {type(err).__name__}: {err}") from None
     except ValueError as err:

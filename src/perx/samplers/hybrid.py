@@ -166,7 +166,7 @@ class Hybrid(Sampler):
         for comp in needed:
             if isinstance(comp, Proportional) and not comp._heap[1, 0] > 0.0:
                 raise comp._no_mass(size, "sample")  # (what its own sample would raise, before drawing)
-        positions = [_position(s) for s in drawing]
+        marks = [s._mark() for s in drawing]
         try:
             if not shares:
                 k = self._rng.multinomial(batch_size, self.fractions)
@@ -184,8 +184,8 @@ class Hybrid(Sampler):
             else:
                 weights = np.ones(len(probs))
         except BaseException:
-            for s, position in zip(drawing, positions, strict=True):
-                _put_back(s, position)
+            for s, mark in zip(drawing, marks, strict=True):
+                s._rewind(mark)
             raise
         return slots, ids, probs, weights
 
@@ -268,40 +268,12 @@ class Hybrid(Sampler):
         for c, comp in enumerate(self.components):
             prefix = f"c{c}."
             twin = copy.deepcopy(comp)
-            # already a copy: loaded in place (load_state_dict would copy it once more), unless its class loads
-            # its own way
-            load = twin._load_state if type(twin).load_state_dict is Sampler.load_state_dict else twin.load_state_dict
-            load(metas[c], {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
-                 size=size, next_id=next_id)
+            twin._load_unguarded(metas[c], {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
+                                 size=size, next_id=next_id)
             loaded.append(twin)
         for comp, twin in zip(self.components, loaded, strict=True):
             comp.__dict__.update(twin.__dict__)
         self._rng = rng
-
-
-def _position(sampler: Sampler) -> tuple:
-    """Where a sampler's generator stands, read without moving it and without dropping its block of numbers
-    drawn ahead (``Sampler._numbers``; ``_sync`` would drop it, and the next call would draw a new one): the
-    block, its kind, the generator's state from before it and how many of it were handed out; or, with no
-    block, the generator's state (~0.8 us)."""
-    gen = sampler._gen
-    pool = sampler._pool
-    if pool is not None:
-        return gen, sampler._pool_kind, sampler._pool_state, sampler._cursor[0]
-    return gen, 0, gen.bit_generator.state, 0
-
-
-def _put_back(sampler: Sampler, position: tuple) -> None:
-    """Put a sampler's generator back where :func:`_position` found it: where drawing directly would have left
-    it (the state from before the block, then the numbers handed out drawn again, as ``Sampler._sync`` does);
-    the block is dropped, so the next draw starts a new one from there, as numbers drawn directly would be."""
-    gen, kind, state, used = position
-    object.__setattr__(sampler, "_gen", gen)
-    gen.bit_generator.state = state
-    object.__setattr__(sampler, "_pool", None)
-    object.__setattr__(sampler, "_cursor", [0])
-    if used:
-        sampler._draw_direct(used, kind)
 
 
 def stored_priorities(sampler: Sampler, slots: np.ndarray) -> np.ndarray:
