@@ -41,62 +41,135 @@ import perx
 from perx.agents import stacked
 from perx.agents.runner import LockstepRuns, VariantConfig, flush_denormals, progress_bar
 
-#: Per-variant settings (see the module docstring).
+#: The rows of the variants under perx's defaults (preset "perx"): one step size, IS weights normalised by the
+#: batch's largest weight, RMSprop eps 1e-5 (in the base below). Chosen by the attribution experiment
+#: (docs/dqn.md, "Why PER collapsed"): with buffer-wide normalisation and 1e-10 priorities PER's loss shrinks
+#: by 1e3-1e6 and its updates with it.
 VARIANTS: dict[str, dict[str, Any]] = {
     "uniform": {"sampler": "uniform", "loss": "huber", "kappa": 1.0, "lr_scale": 1.0},
-    "per": {"sampler": "proportional", "alpha": 0.6, "beta0": 0.4, "eps": 1e-10, "loss": "huber", "kappa": 1.0,
-            "lr_scale": 0.25},
-    "rank": {"sampler": "rank", "alpha": 0.7, "beta0": 0.5, "loss": "huber", "kappa": 1.0, "lr_scale": 0.25},
+    "per": {"sampler": "proportional", "alpha": 0.6, "beta0": 0.4, "priority_eps": 1e-6, "loss": "huber",
+            "kappa": 1.0, "lr_scale": 1.0, "normalize": "batch"},
+    "rank": {"sampler": "rank", "alpha": 0.7, "beta0": 0.5, "loss": "huber", "kappa": 1.0, "lr_scale": 1.0,
+             "normalize": "batch"},
     "lap": {"sampler": "lap", "alpha": 0.6, "kappa": 0.01, "loss": "huber", "lr_scale": 1.0},
     "pal": {"sampler": "uniform", "alpha": 0.6, "kappa": 0.01, "loss": "pal", "lr_scale": 1.0},
     # 000 App. A hybrid minibatches: half of each batch proportional, half uniform, IS weights of the mixture
-    "hybrid": {"sampler": "hybrid", "alpha": 0.6, "beta0": 0.4, "eps": 1e-10, "loss": "huber", "kappa": 1.0,
-               "lr_scale": 0.25},
+    "hybrid": {"sampler": "hybrid", "alpha": 0.6, "beta0": 0.4, "priority_eps": 1e-6, "loss": "huber",
+               "kappa": 1.0, "lr_scale": 1.0, "normalize": "batch"},
 }
+
+
+def _rows(lr_scale: float, normalize: str, priority_eps: float, priority_clip: float | None = None
+          ) -> dict[str, dict[str, Any]]:
+    """The variant rows of a published setting: PER, rank and hybrid with the given step-size factor, IS
+    normalisation, priority floor and TD-error clip; LAP and PAL as 004 D.2 (alpha 0.6, kappa 0.01, eta)."""
+    prioritized = {"lr_scale": lr_scale, "normalize": normalize}
+    clip = {} if priority_clip is None else {"priority_clip": priority_clip}
+    return {
+        "uniform": VARIANTS["uniform"],
+        "per": {**VARIANTS["per"], **prioritized, "priority_eps": priority_eps, **clip},
+        "rank": {**VARIANTS["rank"], **prioritized, **clip},
+        "lap": VARIANTS["lap"],
+        "pal": VARIANTS["pal"],
+        # perx.Hybrid normalises its mixture weights per batch only
+        "hybrid": {**VARIANTS["hybrid"], "lr_scale": lr_scale, "priority_eps": priority_eps, **clip},
+    }
+
+
+#: Fields a preset sets (a config leaves them None to take the preset's value).
+PRESET_FIELDS = ("buffer_size", "optimizer", "optimizer_eps", "learning_rate", "train_frequency", "target_update",
+                 "learning_starts", "eps_end", "eps_decay_steps", "eval_every", "beta_steps")
+
+#: MinAtar's DQN (Young & Tian 2019, their examples/dqn.py as published): centered RMSprop (alpha 0.95,
+#: eps 0.01, no momentum), eta 2.5e-4, replay 100k, one update per step, target copy every 1000 updates,
+#: replay start 5000, epsilon 1 -> 0.1 over 100k steps.
+_MINATAR = {"buffer_size": 100_000, "optimizer": "rmsprop", "optimizer_eps": 0.01, "learning_rate": 2.5e-4,
+            "train_frequency": 1, "target_update": 1000, "learning_starts": 5_000, "eps_end": 0.1,
+            "eps_decay_steps": 100_000, "eval_every": 25_000, "beta_steps": None}
+
+#: Named settings. ``base``: values of PRESET_FIELDS (beta_steps None: the run's total_steps); ``variants``:
+#: the variant rows. Sources in docs/dqn.md, "Presets".
+PRESETS: dict[str, dict[str, Any]] = {
+    # perx's defaults: MinAtar's network and schedule, K = 4, RMSprop eps 1e-5 (004 Table 7), the rows above
+    "perx": {"base": {**_MINATAR, "optimizer_eps": 1e-5, "train_frequency": 4}, "variants": VARIANTS},
+    # MinAtar's DQN hyperparameters; the variants as perx ran them before (000 for PER and rank: eta/4,
+    # buffer-wide normalisation; 004's PER floor 1e-10; 004 for LAP and PAL)
+    "minatar": {"base": _MINATAR, "variants": _rows(0.25, "buffer", 1e-10)},
+    # Schaul et al. 2016 Sec. 4, B.2.2: one update per 4 steps, a 1e6 memory, eta/4 for the prioritized
+    # variants, TD errors clipped to [-1, 1], IS weights normalised by the largest in the memory (Sec. 3.4);
+    # 000 gives no priority floor (perx's 1e-6); network and the rest as MinAtar's DQN (000's tuned Double DQN
+    # kept Nature DQN's RMSprop, eps 0.01, as MinAtar does)
+    "000": {"base": {**_MINATAR, "train_frequency": 4, "buffer_size": 1_000_000},
+            "variants": _rows(0.25, "buffer", 1e-6, priority_clip=1.0)},
+    # Fujimoto et al. 2020, Appendix D.2 / Table 7 and its code: RMSprop eps 1e-5, eta 6.25e-5 for every
+    # variant, target copy every 8k updates, 20k random steps, epsilon 1 -> 0.01 over 1M steps, a 1e6 memory,
+    # evaluations every 50k steps; PER: floor 1e-10, IS weights normalised per batch, beta 0.4 -> 1 over 50M
+    # steps (12.5M updates)
+    "004": {"base": {"buffer_size": 1_000_000, "optimizer": "rmsprop", "optimizer_eps": 1e-5,
+                     "learning_rate": 6.25e-5, "train_frequency": 4, "target_update": 8_000,
+                     "learning_starts": 20_000, "eps_end": 0.01, "eps_decay_steps": 1_000_000,
+                     "eval_every": 50_000, "beta_steps": 50_000_000},
+            "variants": _rows(1.0, "batch", 1e-10)},
+}
+
+#: The optimisers' own eps, used when a config picks another optimiser than its preset's.
+OPTIMIZER_EPS = {"rmsprop": 0.01, "adam": 1e-8}
 
 
 @dataclass(frozen=True)
 class DQNConfig(VariantConfig):
+    """Hyperparameters of one Double-DQN run. Fields left None take the value of ``preset`` (``PRESETS``);
+    after construction every field holds its resolved value (what ``config.json`` records).
+
+    Defaults (preset "perx") learn with every variant: RMSprop eps 1e-5, one step size for all variants and
+    IS weights normalised per batch. With MinAtar's eps 0.01 and buffer-wide normalisation (the "minatar" and
+    "000" presets) PER's gradients are 1e-3..1e-6 of uniform's and it barely learns (docs/dqn.md, "Why PER
+    collapsed").
+    """
+
     VARIANTS = VARIANTS
-    OVERRIDES = ("alpha", "beta0", "kappa", "lr_scale", "normalize")
+    OVERRIDES = ("alpha", "beta0", "kappa", "lr_scale", "normalize", "priority_eps", "priority_clip")
 
     env_id: str = "MinAtar/Breakout-v0"
     """MinAtar/<Game>-v0, ALE/<Game>-v5, or any Gymnasium id (CartPole-v1 for a smoke test)"""
     variant: str = "per"
-    """uniform, per, rank, lap or pal (the table in the module docstring)"""
+    """uniform, per, rank, lap, pal or hybrid (the table in the module docstring)"""
     seed: int = 0
     """seed of the networks, the environments (training: seed; evaluation: seed + 100) and the replay"""
+    preset: str = "perx"
+    """named settings for the fields left None: perx (defaults that learn with every variant), minatar (Young &
+    Tian 2019), 000 (Schaul et al. 2016), 004 (Fujimoto et al. 2020, Table 7); docs/dqn.md, section Presets"""
     total_steps: int = 500_000
     """environment steps of training"""
-    buffer_size: int = 100_000
-    """replay capacity (MinAtar paper: 100k)"""
+    buffer_size: int | None = None
+    """replay capacity (MinAtar paper: 100k; 000 and 004: 1M)"""
     batch_size: int = 32
     """transitions per update"""
     gamma: float = 0.99
     """discount factor"""
     n_step: int = 1
     """n-step returns (1: Algorithm 1's one-step target)"""
-    optimizer: str = "rmsprop"
-    """rmsprop (MinAtar paper: centered, alpha 0.95, eps 0.01) or adam"""
+    optimizer: str | None = None
+    """rmsprop (centered, alpha 0.95, as MinAtar and 004) or adam"""
     optimizer_eps: float | None = None
-    """the optimiser's eps; None: 0.01 for rmsprop (MinAtar paper), 1e-8 for adam. 004 Table 7 uses 1e-5. With
-    RMSprop it sets the gradient scale below which steps shrink with the gradient: a loss of smaller scale
-    (IS weights below 1, LAP's and PAL's kappa = 0.01) then takes smaller steps"""
-    learning_rate: float = 2.5e-4
-    """baseline step size eta (MinAtar paper); the variant scales it (lr_scale)"""
-    train_frequency: int = 4
-    """K: environment steps per update (004 D.2; the MinAtar paper uses 1)"""
-    target_update: int = 1000
+    """the optimiser's eps (perx: 1e-5 as 004 Table 7; minatar: 0.01). With RMSprop it is the gradient scale
+    below which steps shrink with the gradient: a loss of smaller scale (IS weights below 1, LAP's and PAL's
+    kappa = 0.01) then takes smaller steps"""
+    learning_rate: float | None = None
+    """baseline step size eta (MinAtar paper: 2.5e-4; 004: 6.25e-5); the variant scales it (lr_scale)"""
+    train_frequency: int | None = None
+    """K: environment steps per update (perx, 000, 004: 4; the MinAtar paper: 1)"""
+    target_update: int | None = None
     """C: updates between copies of the online network into the target network"""
-    learning_starts: int = 5_000
+    learning_starts: int | None = None
     """environment steps with random actions before the first update (MinAtar paper: replay start 5000)"""
     eps_start: float = 1.0
     """exploration epsilon at the start"""
-    eps_end: float = 0.1
-    """exploration epsilon after eps_decay_steps (MinAtar paper: 0.1)"""
-    eps_decay_steps: int = 100_000
-    """environment steps of the linear epsilon decay (MinAtar paper: 100k)"""
-    eval_every: int = 25_000
+    eps_end: float | None = None
+    """exploration epsilon after eps_decay_steps (MinAtar paper: 0.1; 004: 0.01)"""
+    eps_decay_steps: int | None = None
+    """environment steps of the linear epsilon decay, after learning_starts (MinAtar paper: 100k)"""
+    eval_every: int | None = None
     """environment steps between evaluations (and checkpoints)"""
     eval_episodes: int = 10
     """episodes per evaluation (004 D.2)"""
@@ -104,6 +177,8 @@ class DQNConfig(VariantConfig):
     """epsilon of the evaluation policy (004 D.2)"""
     eval_max_steps: int = 10_000
     """steps after which an evaluation episode is cut (MinAtar games have no time limit of their own)"""
+    beta_steps: int | None = None
+    """environment steps over which beta is annealed linearly to 1 (None: total_steps; 004's code: 50M)"""
     alpha: float | None = None
     """priority exponent; None: the variant's"""
     beta0: float | None = None
@@ -111,10 +186,16 @@ class DQNConfig(VariantConfig):
     kappa: float | None = None
     """Huber threshold and LAP/PAL floor; None: the variant's"""
     normalize: str | None = None
-    """IS weights divided by the buffer-wide largest weight ("buffer", 000 Sec. 3.4; the default) or the
-    batch's ("batch", as the 004 and Dopamine code do)"""
+    """IS weights divided by the batch's largest weight ("batch", as the 004 and Dopamine code do; perx's
+    default) or the buffer-wide largest ("buffer", 000 Sec. 3.4); None: the variant's"""
     lr_scale: float | None = None
-    """step-size factor of the variant; None: the variant's (1/4 for per and rank)"""
+    """step-size factor of the variant; None: the variant's (1; 1/4 for per and rank in the 000 and minatar
+    presets)"""
+    priority_eps: float | None = None
+    """PER's priority floor: p = |delta| + priority_eps (000 eq. 1); None: the variant's"""
+    priority_clip: float | None = None
+    """clip |delta| at this value before it becomes a priority (000 Sec. 4 clips TD errors to [-1, 1]); None:
+    the variant's (no clip except in the 000 preset)"""
     priority_rule: str | None = None
     """a 000 App. A priority variant between the TD errors and the buffer (perx.priorities): learning-progress,
     rprop-sign, asymmetric, predecessor, return-boost, or staleness (with the rank variant); None: |delta| as
@@ -122,6 +203,31 @@ class DQNConfig(VariantConfig):
     device: str = "cpu"
     """torch device of the networks (cuda where one exists)"""
 
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset: one of {sorted(PRESETS)}, got {self.preset!r}")
+        base = PRESETS[self.preset]["base"]
+        for name in PRESET_FIELDS:
+            if getattr(self, name) is None:
+                value = base[name]
+                if name == "optimizer_eps" and self.optimizer != base["optimizer"]:
+                    if self.optimizer not in OPTIMIZER_EPS:
+                        raise ValueError(f"optimizer: one of {sorted(OPTIMIZER_EPS)}, got {self.optimizer!r}")
+                    value = OPTIMIZER_EPS[self.optimizer]
+                if name == "beta_steps" and value is None:
+                    value = self.total_steps
+                object.__setattr__(self, name, value)
+
+    def settings(self) -> dict[str, Any]:
+        """The variant's row under this config's preset, with this config's overrides."""
+        table = PRESETS[self.preset]["variants"]
+        if self.variant not in table:
+            raise ValueError(f"variant: one of {sorted(table)}, got {self.variant!r}")
+        out = dict(table[self.variant])
+        for name in self.OVERRIDES:
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        return out
 
 
 #: Fields that must agree between runs trained in one lockstep group.
@@ -136,11 +242,12 @@ def make_sampler(cfg: DQNConfig) -> perx.Sampler:
     if s["sampler"] == "uniform":
         return perx.Uniform()
     if s["sampler"] == "proportional":
-        return perx.Proportional(alpha=s["alpha"], eps=s.get("eps", 1e-6), normalize=s.get("normalize", "buffer"))
+        return perx.Proportional(alpha=s["alpha"], eps=s.get("priority_eps", 1e-6),
+                                 normalize=s.get("normalize", "buffer"))
     if s["sampler"] == "rank":
         return perx.RankBased(alpha=s["alpha"], normalize=s.get("normalize", "buffer"))
     if s["sampler"] == "hybrid":
-        prop = perx.Proportional(alpha=s["alpha"], eps=s.get("eps", 1e-6))
+        prop = perx.Proportional(alpha=s["alpha"], eps=s.get("priority_eps", 1e-6))
         return perx.Hybrid([prop, perx.Uniform()], [0.5, 0.5], mixing="random",
                            normalize=s.get("normalize") or "batch")
     return perx.LAP(alpha=s["alpha"], kappa=s["kappa"])
@@ -225,7 +332,7 @@ class Runs(LockstepRuns):
         settings = [cfg.settings() for cfg in configs]
         lr = torch.tensor([first.learning_rate * s["lr_scale"] for s in settings], device=self.device)
         rmsprop = first.optimizer == "rmsprop"
-        eps = first.optimizer_eps if first.optimizer_eps is not None else (0.01 if rmsprop else 1e-8)
+        eps = first.optimizer_eps
         opt = {"eps": eps, "alpha": 0.95, "centered": True} if rmsprop else {"eps": eps}
         self.optimizer = stacked.StackedOptimizer(list(self.q.parameters()), lr, first.optimizer, **opt)
         self.nets = {"q": self.q, "target": self.target}
@@ -234,6 +341,8 @@ class Runs(LockstepRuns):
         self.alpha = torch.tensor([s.get("alpha", 0.0) for s in settings], device=self.device)
         self.is_pal = torch.tensor([s["loss"] == "pal" for s in settings], device=self.device)
         self.beta0 = [s.get("beta0", 1.0) for s in settings]
+        self.beta_steps = [cfg.beta_steps for cfg in configs]
+        self.priority_clip = [s.get("priority_clip") for s in settings]
         # priorities go back to every sampler that uses them (a sampler passed in replaces the variant's)
         self.writes_priorities = [not isinstance(buf.sampler, perx.Uniform) for buf in self.buffers]
         self.prioritizers = [make_prioritizer(cfg, buf) for cfg, buf in zip(configs, self.buffers, strict=True)]
@@ -249,7 +358,8 @@ class Runs(LockstepRuns):
         return c.eps_start + frac * (c.eps_end - c.eps_start)
 
     def beta(self, r: int) -> float:
-        return self.beta0[r] + (1.0 - self.beta0[r]) * min(1.0, self.step / self.cfg.total_steps)
+        """beta0 annealed linearly to 1 over beta_steps environment steps (000 Sec. 3.4)."""
+        return self.beta0[r] + (1.0 - self.beta0[r]) * min(1.0, self.step / self.beta_steps[r])
 
     def act(self, obs: np.ndarray, epsilon: float, rngs: Sequence[np.random.Generator] | None = None) -> np.ndarray:
         """Epsilon-greedy actions of the R runs for observations [R, *obs_shape]."""
@@ -282,10 +392,12 @@ class Runs(LockstepRuns):
         self.optimizer.step()
         td = delta.detach().cpu().numpy()
         for r, (buf, batch) in enumerate(zip(self.buffers, batches, strict=True)):
+            clip = self.priority_clip[r]
+            td_r = td[r] if clip is None else np.clip(td[r], -clip, clip)  # 000 Sec. 4: TD errors in [-1, 1]
             if self.prioritizers[r] is not None:
-                self.prioritizers[r].update(batch.indices, td[r])  # an App. A variant of |delta|
+                self.prioritizers[r].update(batch.indices, td_r)  # an App. A variant of |delta|
             elif self.writes_priorities[r]:
-                buf.update_priorities(batch.indices, td[r])  # |delta| for exactly the sampled ids
+                buf.update_priorities(batch.indices, td_r)  # |delta| for exactly the sampled ids
         self.updates += 1
         if self.updates % self.cfg.target_update == 0:
             self.target.load_state_dict(self.q.state_dict())

@@ -335,7 +335,7 @@ def versions() -> dict[str, str]:
 
     out = {"python": platform.python_version(), "platform": platform.platform(), "perx": perx.__version__,
            "numpy": np.__version__, "torch": torch.__version__, "gymnasium": gym.__version__}
-    for name in ("minatar", "ale-py", "mujoco", "numba"):
+    for name in ("minatar", "ale-py", "mujoco", "numba", "llvmlite"):
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
@@ -352,9 +352,48 @@ def versions() -> dict[str, str]:
     return out
 
 
+#: x86-64 micro-architecture levels (the psABI's), by the CPU features each adds.
+_X86_LEVELS = (("x86-64-v2", ("cx16", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3")),
+               ("x86-64-v3", ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe")),
+               ("x86-64-v4", ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")))
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers of a run depend on besides the code: the CPU, the target numba (LLVM) compiles the
+    kernels for, the instruction-set level it may use, and the vector code torch dispatches to. Two machines
+    that differ here may round differently, and a training run then takes another path."""
+    out: dict[str, Any] = {"cpus": os.cpu_count(), "machine": platform.machine(), "torch_threads":
+                           torch.get_num_threads()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            out["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        out["cpu"] = platform.processor() or None
+    try:
+        import llvmlite.binding as llvm
+
+        features = {k for k, v in llvm.get_host_cpu_features().items() if v}
+        out["numba_target"] = llvm.get_host_cpu_name()
+        level = "x86-64" if platform.machine() in ("x86_64", "AMD64") else platform.machine()
+        if level == "x86-64":
+            for name, needs in _X86_LEVELS:
+                if not set(needs) <= features:
+                    break
+                level = name
+        out["isa_level"] = level
+        out["cpu_features"] = ",".join(sorted(features))
+    except (ImportError, RuntimeError):  # pragma: no cover - numba depends on llvmlite
+        pass
+    try:
+        out["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    except AttributeError:  # pragma: no cover - older torch
+        pass
+    return out
+
+
 def write_config(d: Path, cfg: Any, runs: LockstepRuns) -> None:
     d.mkdir(parents=True, exist_ok=True)
     payload = {"config": dataclasses.asdict(cfg), "settings": cfg.settings(), "versions": versions(),
-               "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "device": cfg.device},
+               "machine": {**machine(), "device": cfg.device},
                "lockstep": [f"{c.variant}/seed={c.seed}" for c in runs.configs]}
     (d / "config.json").write_text(json.dumps(payload, indent=2) + "\n")

@@ -96,16 +96,28 @@ def parse_overrides(pairs: list[str], config_class: type = DQNConfig) -> dict[st
     return out
 
 
-def grid(spec: dict) -> list[list[Any]]:
-    """The lockstep groups of a study spec, in a fixed order.
+def cell_overrides(spec: dict, name: str) -> dict[str, Any]:
+    """The config fields a run label stands for: a named cell of ``spec["cells"]`` (any config fields, its
+    ``variant`` included), else a variant with an optional ``+rule``."""
+    cells = spec.get("cells", {})
+    if name in cells:
+        return dict(cells[name])
+    return split_label(name)
+
+
+def grid_runs(spec: dict) -> list[list[tuple[str, Any]]]:
+    """The lockstep groups of a study spec, in a fixed order, as (label, config) pairs.
 
     Runs are listed variant by variant (every seed of the first variant, then the next), or with
     ``order = "seeds"`` seed by seed (every variant of the first seed, then the next), so that with a
     group size that is a multiple of the number of variants each finished group is a complete
-    comparison of all variants on some seeds.
+    comparison of all variants on some seeds. Runs that must not share a process (they differ in a field
+    every run of a lockstep group shares, such as the optimiser's eps) go to separate groups, in the order
+    they first appear; each such set is then cut into groups of ``group`` runs.
     """
     base = spec.get("config", {})
     config_class, _ = agent(spec.get("agent", "dqn"))
+    shared = importlib.import_module(config_class.__module__).SHARED
     order = spec.get("order", "variants")
     if order not in ("variants", "seeds"):
         raise SystemExit(f"order: 'variants' or 'seeds', got {order!r}")
@@ -113,10 +125,19 @@ def grid(spec: dict) -> list[list[Any]]:
     for env_id in spec["envs"]:
         pairs = ([(v, s) for v in spec["variants"] for s in spec["seeds"]] if order == "variants"
                  else [(v, s) for s in spec["seeds"] for v in spec["variants"]])
-        configs = [config_class(**{**base, "env_id": env_id, **split_label(v), "seed": s}) for v, s in pairs]
-        size = spec.get("group", len(configs))
-        groups += [configs[i:i + size] for i in range(0, len(configs), size)]
+        sets: dict[tuple, list[tuple[str, Any]]] = {}
+        for v, s in pairs:
+            cfg = config_class(**{**base, "env_id": env_id, **cell_overrides(spec, v), "seed": s})
+            sets.setdefault(tuple(getattr(cfg, f) for f in shared), []).append((v, cfg))
+        for runs in sets.values():
+            size = spec.get("group", len(runs))
+            groups += [runs[i:i + size] for i in range(0, len(runs), size)]
     return groups
+
+
+def grid(spec: dict) -> list[list[Any]]:
+    """The lockstep groups of a study spec as lists of configs (see :func:`grid_runs`)."""
+    return [[cfg for _, cfg in group] for group in grid_runs(spec)]
 
 
 def _train_group(job: tuple[list[Any], list[str], int]) -> str:
@@ -136,10 +157,11 @@ def run_study(root: Path, spec: dict, workers: int, log=print) -> None:
             raise SystemExit(f"{saved} describes another grid; use another study name or remove it. Saved: {old}")
     else:
         saved.write_text(json.dumps(spec, indent=2) + "\n")
-    groups = grid(spec)
+    groups = grid_runs(spec)
     jobs = []
-    for configs in groups:
-        dirs = [run_dir(root, c.env_id, label(c), c.seed) for c in configs]
+    for group in groups:
+        configs = [cfg for _, cfg in group]
+        dirs = [run_dir(root, c.env_id, name, c.seed) for name, c in group]
         if all((d / "done").exists() for d in dirs):
             continue
         jobs.append((configs, [str(d) for d in dirs], len(jobs) % max(workers, 1)))
@@ -385,8 +407,16 @@ def study_spec(args: argparse.Namespace) -> dict:
     config_class, _ = agent(spec.get("agent", "dqn"))
     spec.setdefault("config", {}).update(parse_overrides(args.set, config_class))
     known = importlib.import_module(config_class.__module__).VARIANTS
-    unknown = {v for v in spec["variants"] if split_label(v)["variant"] not in known}
-    rules = {split_label(v).get("priority_rule") for v in spec["variants"]} - {None}
+    cells = spec.get("cells", {})
+    if cells and not given.get("variants") and not args.variants:
+        spec["variants"] = list(cells)  # a grid of named cells runs all of them unless told otherwise
+    for name, fields in cells.items():
+        bad = set(fields) - {f.name for f in dataclasses.fields(config_class)}
+        if bad or "variant" not in fields:
+            raise SystemExit(f"cells.{name}: needs a variant and only {config_class.__name__} fields; "
+                             f"unknown {sorted(bad)}" if bad else f"cells.{name}: needs a variant")
+    unknown = {v for v in spec["variants"] if v not in cells and split_label(v)["variant"] not in known}
+    rules = {split_label(v).get("priority_rule") for v in spec["variants"] if v not in cells} - {None}
     if rules and spec.get("agent", "dqn") == "dqn":
         from perx.agents.dqn import PRIORITY_RULES, SIZED_RULES
 
