@@ -1,5 +1,7 @@
 """Double DQN with perx replay: targets, losses, priorities, lockstep runs, checkpoints."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -303,3 +305,82 @@ def test_paired_table_counts_seeds_and_gives_the_exact_wilcoxon_p():
     assert vs_per.startswith("| E | 0/6, p = 0.031 | - | 3/6,")
     too_few = {"E": {"uniform": {0: 1.0}, "per": {0: 2.0}}}
     assert _paired_lines(too_few, ["E"], ["uniform", "per"])[-1] == "| E | - | - |"
+
+
+class Killed(Exception):
+    """Stands for the process being killed at a point of a checkpoint save."""
+
+
+def test_a_group_checkpoint_killed_at_any_point_of_its_save_resumes_bit_for_bit(tmp_path, monkeypatch):
+    from perx.agents import runner
+
+    kw = dict(total_steps=300, learning_starts=40, eval_every=100, eval_episodes=1, eval_max_steps=30,
+              buffer_size=500, batch_size=8, target_update=10)
+    configs = [cartpole(variant="per", seed=0, **kw), cartpole(variant="lap", seed=1, **kw)]
+    full: dict[int, np.ndarray] = {}
+    points: list[tuple[str, int]] = []
+    monkeypatch.setattr(runner, "_fault_point", lambda stage, r: points.append((stage, r)))
+    dqn.train(configs, [tmp_path / "full0", tmp_path / "full1"],
+              on_update=lambda s, losses: full.update({s: losses.copy()}))
+    per_save = len(points) // 3  # saves at steps 100, 200 and 300
+    assert per_save == 8 and points[:per_save] == [
+        (stage, r) for r in (0, 1) for stage in ("buffer", "state written", "state renamed")] + [
+        ("cleanup", 0), ("cleanup", 1)]
+    resumed_from = set()
+    for k in range(per_save):  # kill the save at step 200 at its k-th point
+        dirs = [tmp_path / f"k{k}" / "a", tmp_path / f"k{k}" / "b"]
+        monkeypatch.setattr(runner, "_fault_point", lambda stage, r: None)
+        dqn.train(configs, dirs, stop_after=100)
+        calls = iter(range(per_save))
+
+        def kill(stage, r, k=k, calls=calls):
+            if next(calls) == k:
+                raise Killed
+
+        monkeypatch.setattr(runner, "_fault_point", kill)
+        with pytest.raises(Killed):
+            dqn.train(configs, dirs)
+        monkeypatch.setattr(runner, "_fault_point", lambda stage, r: None)
+        after: dict[int, np.ndarray] = {}
+        rows = dqn.train(configs, dirs, on_update=lambda s, losses, after=after: after.update({s: losses.copy()}))
+        start = min(after)
+        resumed_from.add(start)
+        assert set(after) == {s for s in full if s >= start}
+        for s in after:
+            np.testing.assert_array_equal(after[s], full[s])  # bit for bit
+        assert [r["step"] for r in rows[0]] == [100, 200, 300]
+        # the last checkpoint is the only one left: a single generation per run
+        for d in dirs:
+            assert sorted(p.name for p in (d / "checkpoint").iterdir()) == ["buffer-300.npz", "state-300.pt"]
+    # killed before the new generation was complete everywhere: the old step; after: the new one
+    assert resumed_from == {104, 204}
+
+
+def test_study_verify_repeats_a_tiny_study_exactly_and_detects_an_altered_row(tmp_path):
+    from perx.experiments import study, verify
+
+    spec = {"envs": ["CartPole-v1"], "variants": ["uniform", "per"], "seeds": [0, 1],
+            "config": {**SMALL, "total_steps": 400, "eval_every": 200}}
+    root = tmp_path / "tiny"
+    study.run_study(root, spec, workers=1, log=lambda *a: None)
+    result = verify.verify(root, steps=400, log=lambda *a: None)
+    assert [r["status"] for r in result["runs"]] == ["exact"] * 4
+    assert all(r["rows"] == 2 for r in result["runs"]) and result["test"] == {}
+    # alter one recorded evaluation return: that run, and only that run, is reported with the row and field
+    path = root / "CartPole-v1" / "per" / "seed=1" / "metrics.csv"
+    lines = path.read_text().splitlines()
+    cells = lines[2].split(",")
+    cells[2] = str(float(cells[2]) + 1.0)
+    lines[2] = ",".join(cells)
+    path.write_text("\n".join(lines) + "\n")
+    result = verify.verify(root, steps=400, log=lambda *a: None)
+    status = {r["run"]: r for r in result["runs"]}
+    bad = status[str(Path("CartPole-v1") / "per" / "seed=1")]
+    assert bad["status"] == "differs"
+    assert bad["first_difference"]["step"] == 400 and bad["first_difference"]["fields"] == ["eval_return"]
+    assert bad["machine"] == {}  # same machine: nothing recorded differs
+    assert sum(r["status"] == "exact" for r in result["runs"]) == 3
+    assert result["differences"] == [0.0, -1.0]
+    assert "3 of 4 runs repeat" in verify.report(result, root, 400)
+    # the command's exit status says whether everything agreed
+    assert verify.main([str(root), "--steps", "400"]) == 1

@@ -158,21 +158,28 @@ class LockstepRuns:
         if log:
             log(f"{self.cfg.env_id} step {self.step:,}: eval " + " ".join(f"{x:.1f}" for x in returns))
         if dirs is not None:
+            self.save(dirs)  # first: metrics.csv never runs ahead of the checkpoint a resume starts from
             for r, d in enumerate(dirs):
                 write_metrics(d, self.rows[r])
-            self.save(dirs)
 
     # -- checkpoints ---------------------------------------------------------------------------------
     def save(self, dirs: Sequence[Path]) -> None:
         """Each run's complete state into ``dirs[r]/checkpoint``: networks, optimisers, replay buffer
-        (perx's format), random generator, environment, counters and metrics rows."""
+        (perx's format), random generator, environment, counters and metrics rows.
+
+        Atomic for the group: a generation is ``buffer-<step>.npz`` + ``state-<step>.pt`` (written to a
+        temporary name, then renamed). Every run's new generation is written before any old one is
+        removed, so a process killed at any instant leaves every run with the old generation, or every run
+        with the new one; :meth:`load` takes the newest step all runs hold."""
+        step = self.step
         for r, d in enumerate(dirs):
             ck = d / "checkpoint"
             ck.mkdir(parents=True, exist_ok=True)
-            buffer_name = f"buffer-{self.step}.npz"
+            buffer_name = f"buffer-{step}.npz"
+            _fault_point("buffer", r)
             self.buffers[r].save(ck / buffer_name)
             state = {
-                "step": self.step, "updates": self.updates, "buffer": buffer_name,
+                "step": step, "updates": self.updates, "buffer": buffer_name,
                 "nets": {k: n.run_state(r) for k, n in self.nets.items()},
                 "optimizers": {k: o.run_state(r) for k, o in self.optimizers.items()},
                 "rng": self.rngs[r].bit_generator.state, "env": env_state(self.envs.envs[r]),
@@ -180,11 +187,17 @@ class LockstepRuns:
                 "recent": list(self.recent[r]), "rows": list(self.rows[r]),
                 "config": dataclasses.asdict(self.configs[r]), **self.extra_state(r),
             }
-            tmp = ck / "state.pt.tmp"
+            tmp = ck / f"state-{step}.pt.tmp"
             torch.save(state, tmp)
-            os.replace(tmp, ck / "state.pt")
-            for old in ck.glob("buffer-*.npz"):  # only the one the state names is needed now
-                if old.name != buffer_name:
+            _fault_point("state written", r)
+            os.replace(tmp, ck / f"state-{step}.pt")
+            _fault_point("state renamed", r)
+        # every run holds generation `step` now: the older ones (and leftovers of killed saves) can go
+        keep = {f"buffer-{step}.npz", f"state-{step}.pt"}
+        for r, d in enumerate(dirs):
+            _fault_point("cleanup", r)
+            for old in (d / "checkpoint").iterdir():
+                if old.name not in keep and (old.name.startswith(("state", "buffer-"))):
                     old.unlink()
 
     def extra_state(self, r: int) -> dict:
@@ -194,20 +207,23 @@ class LockstepRuns:
         pass
 
     def load(self, dirs: Sequence[Path]) -> bool:
-        """Restore every run from its checkpoint; False (nothing changed) when none of them has one.
-        Checkpoints are this runner's own files (they hold pickled environments)."""
-        paths = [d / "checkpoint" / "state.pt" for d in dirs]
-        if not any(p.exists() for p in paths):
+        """Restore every run from the newest checkpoint generation that all of them hold (see :meth:`save`);
+        False (nothing changed) when none of them has one. Checkpoints are this runner's own files (they
+        hold pickled environments)."""
+        generations = [checkpoint_generations(d / "checkpoint") for d in dirs]
+        if not any(generations):
             return False
-        missing = [str(p) for p in paths if not p.exists()]
+        missing = [str(d) for d, g in zip(dirs, generations, strict=True) if not g]
         if missing:
             raise ValueError(f"checkpoints: some runs of this lockstep group have none ({missing}); the group "
                              f"cannot resume together. Remove the group's checkpoints to start it again")
-        states = [torch.load(p, weights_only=False) for p in paths]
-        steps = {str(d): s["step"] for d, s in zip(dirs, states, strict=True)}
-        if len(set(steps.values())) != 1:
-            raise ValueError(f"checkpoints: the runs of this lockstep group stopped at different steps {steps} "
-                             f"(interrupted while saving?); remove the group's checkpoints to start it again")
+        common = set.intersection(*(set(g) for g in generations))
+        if not common:
+            steps = {str(d): sorted(g) for d, g in zip(dirs, generations, strict=True)}
+            raise ValueError(f"checkpoints: the runs of this lockstep group stopped at different steps {steps}; "
+                             f"remove the group's checkpoints to start it again")
+        step = max(common)
+        states = [torch.load(g[step], weights_only=False) for g in generations]
         envs = []
         for r, (d, st) in enumerate(zip(dirs, states, strict=True)):
             if not same_config(st["config"], self.configs[r]):
@@ -246,6 +262,28 @@ class LockstepRuns:
             for d in dirs:
                 (d / "done").write_text(json.dumps({"step": self.step}))
         self.envs.close()
+
+
+def _fault_point(stage: str, run: int) -> None:
+    """Called at each step of a checkpoint save (tests replace it to kill the save there)."""
+
+
+def checkpoint_generations(ck: Path) -> dict[int, Path]:
+    """{step: state file} of the complete checkpoint generations in ``ck``: ``state-<step>.pt`` whose buffer
+    file exists, and the single ``state.pt`` that checkpoints before group-atomic saves wrote."""
+    out: dict[int, Path] = {}
+    if not ck.is_dir():
+        return out
+    for path in ck.glob("state-*.pt"):
+        step = path.name[len("state-"):-len(".pt")]
+        if step.isdigit() and (ck / f"buffer-{step}.npz").exists():
+            out[int(step)] = path
+    legacy = ck / "state.pt"
+    if legacy.exists():
+        st = torch.load(legacy, weights_only=False)
+        if (ck / st["buffer"]).exists():
+            out.setdefault(int(st["step"]), legacy)
+    return out
 
 
 def same_config(saved: dict, cfg: Any) -> bool:

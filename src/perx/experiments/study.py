@@ -430,8 +430,13 @@ def study_spec(args: argparse.Namespace) -> dict:
 
 
 def study_main(argv: list[str] | None = None, prog: str = "perx study") -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "verify":
+        from perx.experiments import verify
+
+        return verify.main(argv[1:], prog=f"{prog} verify")
     parser = argparse.ArgumentParser(prog=prog, description="Run (or resume) a grid of DQN runs.")
-    parser.add_argument("name", help="study name: results/<name>/")
+    parser.add_argument("name", help="study name: results/<name>/ (or `verify <study>`: rerun and compare)")
     parser.add_argument("--config", help="TOML file with agent, envs, variants, seeds, group and [config] fields")
     parser.add_argument("--agent", choices=("dqn", "td3"), help="default dqn (MinAtar); td3: MuJoCo")
     parser.add_argument("--envs", nargs="+")

@@ -1,0 +1,178 @@
+"""``perx study verify <study>``: rerun the first steps of a study's runs and compare them with its files.
+
+A run's numbers are a function of its config, the code and the machine: on one machine a rerun repeats
+every digit (the agents seed every generator and checkpoints restore them exactly), but another CPU may
+round differently (numba compiles its kernels for the host CPU; torch picks vector code by the CPU's
+instruction set), and one different rounding sends a training run down another path. So this check
+reports, per run, either agreement in every recorded digit of ``metrics.csv`` up to the step checked, or
+the machine differences recorded in ``config.json`` together with a statistical comparison of the rerun
+with the recorded values (paired by run and evaluation step).
+
+Runs are rerun in their lockstep groups as the grid formed them: the batched kernels round a run's numbers
+differently in groups of different sizes, so a run alone would not repeat its group's digits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perx.experiments import study
+
+#: metrics.csv columns compared (steps_per_second and runs_in_process describe the machine, not the run).
+COMPARED = ("step", "episodes", "eval_return", "train_return", "loss")
+
+
+def _fmt(value: Any) -> str:
+    """A value as ``write_metrics`` writes it."""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def _recorded(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def _machine_difference(run_dir: Path) -> dict[str, tuple[Any, Any]]:
+    """{key: (recorded, here)} for the machine facts that differ; keys a run did not record show None."""
+    from perx.agents.runner import machine
+
+    here = machine()
+    try:
+        saved = json.loads((run_dir / "config.json").read_text()).get("machine", {})
+    except (OSError, ValueError):
+        saved = {}
+    keys = ("cpu", "numba_target", "isa_level", "torch_cpu_capability", "cpu_features")
+    return {k: (saved.get(k), here.get(k)) for k in keys if saved.get(k) != here.get(k)}
+
+
+def verify(root: Path, steps: int | None = None, groups: int | None = None, sample_seed: int = 0,
+           log=print) -> dict[str, Any]:
+    """Rerun the first ``steps`` environment steps (default: up to the first evaluation) of the lockstep
+    groups of the study in ``root`` (all, or a random sample of ``groups``) and compare.
+
+    Returns {"runs": [{"run", "status" ("exact" or "differs"), "rows", "first_difference", "machine"}],
+    "differences": [(rerun - recorded) eval_return per compared row of the runs that differ], "test": summary}.
+    """
+    spec_path = root / "study.json"
+    if not spec_path.exists():
+        raise SystemExit(f"{root}: no study.json (not a study folder)")
+    spec = json.loads(spec_path.read_text())
+    _, train = study.agent(spec.get("agent", "dqn"))
+    all_groups = [g for g in study.grid_runs(spec)
+                  if all((study.run_dir(root, c.env_id, name, c.seed) / "metrics.csv").exists() for name, c in g)]
+    if not all_groups:
+        raise SystemExit(f"{root}: no lockstep group with metrics for all its runs")
+    chosen = list(range(len(all_groups)))
+    if groups is not None and groups < len(chosen):
+        chosen = sorted(np.random.default_rng(sample_seed).choice(len(chosen), size=groups, replace=False))
+    runs, differences = [], []
+    for gi in chosen:
+        group = all_groups[gi]
+        configs = [c for _, c in group]
+        first = configs[0]
+        n = min(steps or first.eval_every, first.total_steps)
+        if n < first.eval_every:
+            raise SystemExit(f"--steps: {n} ends before the first evaluation (eval_every = {first.eval_every}); "
+                             f"nothing would be compared")
+        log(f"group {gi + 1}/{len(all_groups)}: {first.env_id} x{len(configs)}, rerunning {n:,} steps")
+        rows = train(configs, None, stop_after=n)
+        for (name, cfg), rerun in zip(group, rows, strict=True):
+            d = study.run_dir(root, cfg.env_id, name, cfg.seed)
+            recorded = [r for r in _recorded(d) if int(float(r["step"])) <= n]
+            mismatch = None
+            for a, b in zip(rerun, recorded, strict=False):
+                bad = [k for k in COMPARED if _fmt(a[k]) != b[k]]
+                if bad:
+                    mismatch = {"step": int(a["step"]), "fields": bad,
+                                "rerun": {k: _fmt(a[k]) for k in bad}, "recorded": {k: b[k] for k in bad}}
+                    break
+            if mismatch is None and len(recorded) != len(rerun):
+                mismatch = {"step": None, "fields": ["rows"], "rerun": len(rerun), "recorded": len(recorded)}
+            entry = {"run": str(d.relative_to(root)), "status": "exact" if mismatch is None else "differs",
+                     "rows": len(rerun), "first_difference": mismatch}
+            if mismatch is not None:
+                entry["machine"] = _machine_difference(d)
+                differences += [a["eval_return"] - float(b["eval_return"])
+                                for a, b in zip(rerun, recorded, strict=False)]
+            runs.append(entry)
+    return {"runs": runs, "differences": differences, "test": _compare(differences)}
+
+
+def _compare(diffs: list[float]) -> dict[str, Any]:
+    """Mean of the paired differences with a 95% t interval, and the Wilcoxon signed-rank test of a zero
+    median (two-sided; needs 5 or more nonzero differences)."""
+    if not diffs:
+        return {}
+    mean, half = study.t_interval(diffs)
+    out: dict[str, Any] = {"pairs": len(diffs), "mean": mean, "ci95": half}
+    nonzero = [x for x in diffs if x != 0]
+    if len(nonzero) >= 5:
+        from scipy import stats
+
+        out["wilcoxon_p"] = float(stats.wilcoxon(nonzero).pvalue)
+    return out
+
+
+def report(result: dict[str, Any], root: Path, steps: int | None) -> str:
+    runs = result["runs"]
+    exact = sum(r["status"] == "exact" for r in runs)
+    lines = [f"# Verification of {root.name}", "",
+             f"Command: `perx study verify {root}" + (f" --steps {steps}" if steps else "") + "`", "",
+             f"{exact} of {len(runs)} runs repeat every recorded digit of metrics.csv "
+             f"({', '.join(COMPARED)}) up to the step checked.", "",
+             "| run | status | rows compared | first difference | machine difference (recorded -> here) |",
+             "|---|---|---|---|---|"]
+    for r in runs:
+        diff = r["first_difference"]
+        where = "-" if diff is None else (f"step {diff['step']}: " + ", ".join(
+            f"{k} {diff['recorded'][k]} -> {diff['rerun'][k]}" for k in diff["fields"])
+            if diff["step"] is not None else f"{diff['recorded']} rows recorded, {diff['rerun']} rerun")
+        mach = r.get("machine")
+        mach_text = "-" if mach is None else ("none recorded differs" if not mach else "; ".join(
+            f"{k}: {a} -> {b}" for k, a, b in ((k, *v) for k, v in mach.items()) if k != "cpu_features")
+            + (" (cpu features differ)" if "cpu_features" in mach else ""))
+        lines.append(f"| {r['run']} | {r['status']} | {r['rows']} | {where} | {mach_text} |")
+    test = result["test"]
+    if test:
+        p = test.get("wilcoxon_p")
+        lines += ["", f"Runs that differ: evaluation return rerun minus recorded over {test['pairs']} (run, step) "
+                  f"pairs: mean {test['mean']:+.3f} ± {test['ci95']:.3f} (95% t interval)"
+                  + (f", Wilcoxon signed-rank p = {p:.3f}" if p is not None else "")
+                  + ". An interval that holds 0 (and a large p) is what runs from the same distribution give; "
+                  "a different machine is expected to change the digits, not the distribution."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None, prog: str = "perx study verify") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description="Rerun the first steps of a study's runs and "
+                                     "compare them with its metrics.csv files (exit status 1 if any differ).")
+    parser.add_argument("study", help="study name (results/<name>) or a folder")
+    parser.add_argument("--steps", type=int, help="environment steps to rerun (default: to the first evaluation)")
+    parser.add_argument("--groups", type=int, help="rerun a random sample of this many lockstep groups")
+    parser.add_argument("--sample-seed", type=int, default=0, help="seed of the sample of groups")
+    parser.add_argument("--results", default="results")
+    parser.add_argument("--out", help="also write the report (markdown) here")
+    args = parser.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        parser.error(f"--steps: must be >= 1, got {args.steps}")
+    if args.groups is not None and args.groups < 1:
+        parser.error(f"--groups: must be >= 1, got {args.groups}")
+    root = Path(args.study) if Path(args.study).is_dir() else Path(args.results) / args.study
+    result = verify(root, args.steps, args.groups, args.sample_seed)
+    text = report(result, root, args.steps)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0 if all(r["status"] == "exact" for r in result["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
