@@ -30,7 +30,9 @@ def measure(run_dir: Path, updates: int) -> dict:
     if not runs.load([run_dir]):
         raise SystemExit(f"{run_dir}: no checkpoint")
     opt = runs.optimizer
-    grads, denoms, steps = [], [], []
+    grads, denoms, steps, weights = [], [], [], []
+    sample = runs.buffers[0].sample
+    runs.buffers[0].sample = lambda *a, **k: _seen(sample(*a, **k), weights)  # the IS weights of each batch
     for _ in range(updates):
         before = [p.detach().clone() for p in runs.q.parameters()]
         runs.update()
@@ -42,7 +44,20 @@ def measure(run_dir: Path, updates: int) -> dict:
         steps.append(float(delta.pow(2).mean().sqrt()))
     return {"variant": cfg.variant, "env": cfg.env_id, "seed": cfg.seed, "step": runs.step,
             "lr": float(opt.lr[0]), "eps": opt.eps, "grad_rms": float(np.mean(grads)),
-            "denominator_rms": float(np.mean(denoms)), "update_rms": float(np.mean(steps))}
+            "denominator_rms": float(np.mean(denoms)), "update_rms": float(np.mean(steps)),
+            "weight_mean": float(np.mean(weights)), "weight_median": float(np.median(weights))}
+
+
+def _seen(batch, weights: list) -> object:
+    weights.extend(np.asarray(batch.weights, dtype=float).tolist())
+    return batch
+
+
+def checkpointed_runs(study: Path) -> list[Path]:
+    """The run folders of a study that hold a checkpoint."""
+    from perx.agents.runner import checkpoint_generations
+
+    return [d for d in sorted(Path(study).glob("*/*/seed=*")) if checkpoint_generations(d / "checkpoint")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     rows = []
     with flush_denormals():
-        for state in sorted(Path(args.study).glob("*/*/seed=*/checkpoint/state.pt")):
-            rows.append(measure(state.parents[1], args.updates))
+        for run in checkpointed_runs(Path(args.study)):
+            rows.append(measure(run, args.updates))
             r = rows[-1]
             print(f"{r['env']} {r['variant']} seed {r['seed']}: grad {r['grad_rms']:.2e}, "
                   f"sqrt(v - m^2) {r['denominator_rms']:.2e} (eps {r['eps']:g}), update {r['update_rms']:.2e}")
