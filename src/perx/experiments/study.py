@@ -19,6 +19,7 @@ import argparse
 import csv
 import dataclasses
 import importlib
+import itertools
 import json
 import math
 import multiprocessing as mp
@@ -27,6 +28,8 @@ import time
 import tomllib
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from perx.agents.dqn import DQNConfig
 
@@ -218,6 +221,25 @@ def t_interval(values: list[float]) -> tuple[float, float]:
     return mean, float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
 
 
+def bootstrap_interval(values: list[float], level: float = 0.95, resamples: int = 10_000,
+                       seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values``. Exact (every one of the n^n resamples, each
+    with its multinomial weight) for n <= 6, otherwise ``resamples`` draws with a fixed seed. Unlike a t
+    interval it never leaves [min(values), max(values)], so a band drawn from it never shows values the
+    metric cannot take (a return below 0 where returns are counts)."""
+    x = np.asarray(values, dtype=float)
+    n = len(x)
+    if n == 1:
+        return float(x[0]), float(x[0])
+    if n <= 6:
+        idx = np.array(list(itertools.product(range(n), repeat=n)))
+        means = x[idx].mean(axis=1)  # each ordered resample once: equal weight is the multinomial weight
+    else:
+        means = x[np.random.default_rng(seed).integers(0, n, size=(resamples, n))].mean(axis=1)
+    tail = (1 - level) / 2
+    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
+
+
 def final_score(rows: list[dict], last: int = 10) -> float:
     """Mean evaluation return over the last ``last`` evaluations (004 D.2)."""
     tail = rows[-last:]
@@ -241,7 +263,7 @@ def plot(root: Path, log=print) -> dict:
     envs = sorted(data)
     found = {v for e in envs for v in data[e]}
     variants = [v for v in ORDER if v in found] + sorted(found - set(ORDER))  # then App. A rule variants
-    fig, axes = plt.subplots(1, len(envs), figsize=(5.5 * len(envs), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(envs), figsize=(5.5 * len(envs) + 2.5, 4.4), squeeze=False, layout="constrained")
     finals: dict = {}
     for ax, env in zip(axes[0], envs, strict=True):
         for v in variants:
@@ -253,19 +275,25 @@ def plot(root: Path, log=print) -> dict:
             for s in steps:
                 vals = [r["eval_return"] for rows in seeds.values() for r in rows if r["step"] == s]
                 if len(vals) == len(seeds):  # only steps every seed reached
-                    m, h = t_interval(vals)
+                    low, high = bootstrap_interval(vals)
                     xs.append(s)
-                    means.append(m)
-                    lows.append(m - h)
-                    highs.append(m + h)
+                    means.append(sum(vals) / len(vals))
+                    lows.append(low)
+                    highs.append(high)
             line = ax.plot(xs, means, label=f"{v} ({len(seeds)} seeds)")[0]
             ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15, linewidth=0)
             finals.setdefault(env, {})[v] = seeds
         ax.set_title(env)
         ax.set_xlabel("environment steps")
         ax.set_ylabel("evaluation return")
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1e3:g}k")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, loc="upper left", framealpha=0.8)
+    # one legend for all panels, outside them: it never covers a curve
+    handles = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="outside right center", fontsize=8, frameon=False)
     # Final scores at the step every run of an environment has reached (a study in progress compares
     # like with like); finished studies use each run's last 10 evaluations.
     common = {env: min(int(rows[-1]["step"]) for v in finals[env].values() for rows in v.values() if rows)
@@ -273,9 +301,8 @@ def plot(root: Path, log=print) -> dict:
     finals = {env: {v: {s: final_score([r for r in rows if r["step"] <= common[env]])
                         for s, rows in seeds.items() if rows} for v, seeds in per_v.items()}
               for env, per_v in finals.items()}
-    fig.suptitle(f"{root.name}: mean and 95% confidence band over seeds")
-    fig.tight_layout()
-    fig.savefig(root / "curves.png", dpi=120)
+    fig.suptitle(f"{root.name}: mean over seeds; band: 95% percentile bootstrap of the mean", fontsize=10)
+    fig.savefig(root / "curves.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
     lines = [f"# {root.name}: final scores and gains", "",
              "Final score: mean evaluation return over the last 10 evaluations of each run (004 D.2) up to the "
@@ -323,8 +350,9 @@ def _paired_lines(finals: dict, envs: list, variants: list, min_pairs: int = 5) 
     for ref in ("uniform", "per"):
         if ref not in variants:
             continue
-        out += ["", f"| paired by seed vs {ref}: seeds higher, Wilcoxon p | " + " | ".join(variants) + " |",
-                "|---|" + "---|" * len(variants)]
+        table = ["", f"| paired by seed vs {ref}: seeds higher, Wilcoxon p | " + " | ".join(variants) + " |",
+                 "|---|" + "---|" * len(variants)]
+        filled = False
         for env in envs:
             cells = []
             for v in variants:
@@ -338,7 +366,10 @@ def _paired_lines(finals: dict, envs: list, variants: list, min_pairs: int = 5) 
                 higher = sum(p > q for p, q in zip(x, y, strict=True))
                 p = stats.wilcoxon(x, y).pvalue if any(p != q for p, q in zip(x, y, strict=True)) else 1.0
                 cells.append(f"{higher}/{len(common)}, p = {p:.3f}")
-            out.append(f"| {env} | " + " | ".join(cells) + " |")
+                filled = True
+            table.append(f"| {env} | " + " | ".join(cells) + " |")
+        if filled:  # fewer than min_pairs common seeds everywhere: no table
+            out += table
     return out
 
 
