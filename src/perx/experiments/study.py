@@ -382,6 +382,11 @@ def dqn_main(argv: list[str] | None = None, prog: str = "perx dqn", agent_name: 
     parser = argparse.ArgumentParser(prog=prog, description=f"Train {agent_name.upper()} with a perx replay variant.")
     parser.add_argument("--env", default=defaults.env_id)
     parser.add_argument("--variant", default=defaults.variant, choices=sorted(variants))
+    presets = getattr(importlib.import_module(config_class.__module__), "PRESETS", None)
+    if presets is not None:
+        parser.add_argument("--preset", default=defaults.preset, choices=list(presets),
+                            help="named settings: perx (defaults that learn with every variant), minatar (Young & "
+                                 "Tian 2019), 000 (Schaul et al. 2016), 004 (Fujimoto et al. 2020); docs/dqn.md")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds, trained in lockstep")
     parser.add_argument("--steps", type=int, default=None, help="total environment steps")
     parser.add_argument("--device", default="cpu")
@@ -392,6 +397,8 @@ def dqn_main(argv: list[str] | None = None, prog: str = "perx dqn", agent_name: 
     extra = parse_overrides(args.set, config_class)
     if args.steps is not None:
         extra["total_steps"] = args.steps
+    if presets is not None:
+        extra.setdefault("preset", args.preset)
     configs = [config_class(env_id=args.env, variant=args.variant, seed=s, device=args.device, **extra)
                for s in args.seeds]
     root = Path(args.out)
