@@ -299,10 +299,11 @@ def test_paired_table_counts_seeds_and_gives_the_exact_wilcoxon_p():
                     "per": {s: 2.0 + 0.1 * s for s in range(6)},
                     "lap": {s: 2.0 + 0.1 * s + (0.01 if s % 2 else -0.01) * (s + 1) for s in range(6)}}}
     lines = _paired_lines(finals, ["E"], ["uniform", "per", "lap"])
-    # per beats uniform on all 6 seeds: the exact two-sided signed-rank p is 2 / 2^6
-    assert "| E | - | 6/6, p = 0.031 |" in lines[3]
+    # per beats uniform on all 6 seeds: the exact two-sided signed-rank p is 2 / 2^6; Holm over the table's
+    # 2 tests (per and lap vs uniform, both p = 1/32): each doubled
+    assert "| E | - | 6/6, p = 0.031 (Holm 0.062) |" in lines[3]
     vs_per = lines[-1]
-    assert vs_per.startswith("| E | 0/6, p = 0.031 | - | 3/6,")
+    assert vs_per.startswith("| E | 0/6, p = 0.031 (Holm 0.062) | - | 3/6,")
     too_few = {"E": {"uniform": {0: 1.0}, "per": {0: 2.0}}}
     assert _paired_lines(too_few, ["E"], ["uniform", "per"]) == []  # no table of dashes
 

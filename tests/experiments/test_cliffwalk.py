@@ -84,6 +84,19 @@ def test_a_capped_run_is_reported_as_such():
     assert r["hit_cap"] and not r["converged"] and r["updates"] == r["cap"] == 1000
 
 
+def test_runs_that_did_not_converge_are_summed_up_in_one_line_per_method(capsys):
+    def row(method, n, stalled=False, hit_cap=False):
+        return {"method": method, "n": n, "converged": not (stalled or hit_cap), "stalled": stalled,
+                "hit_cap": hit_cap}
+
+    rows = [row("uniform-linear", 3), row("oracle-linear", 7, stalled=True), row("oracle-linear", 8, stalled=True),
+            row("oracle-linear", 6), row("proportional-linear-is", 4, hit_cap=True)]
+    cw.print_not_converged(rows)
+    assert capsys.readouterr().out.splitlines() == [
+        "note: proportional-linear-is: 1 of 1 runs did not converge (0 stalled, 1 hit the cap) at n = 4",
+        "note: oracle-linear: 2 of 3 runs did not converge (2 stalled, 0 hit the cap) at n = 7, 8"]
+
+
 def test_runs_are_seeded():
     a = cw.run_one("rank-linear", 6, 3, cw.Config())
     b = cw.run_one("rank-linear", 6, 3, cw.Config())

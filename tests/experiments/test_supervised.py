@@ -65,3 +65,8 @@ def test_a_diverging_step_size_is_marked_and_not_selected():
     rows = supervised.run_one("uniform", 1e6, 0, cfg) + supervised.run_one("uniform", 0.1, 0, cfg)
     assert any(r["lr"] == 1e6 and r["test_loss"] == np.inf for r in rows)
     assert [c["lr"] for c in supervised.select(rows, cfg)] == [0.1]
+
+
+def test_the_figure_title_names_the_share_of_rare_digits_kept():
+    assert supervised.keep_label(supervised.Config(keep=0.1)) == "0-4 kept at 10%: 11 of 106-110 training examples each"
+    assert supervised.keep_label(supervised.Config()).startswith("0-4 kept at 1%: 1 of ")

@@ -1,6 +1,7 @@
 """The Appendix A variants study on the Blind Cliffwalk: every variant runs, converges on a small chain,
 and changes only what its name says."""
 
+import numpy as np
 import pytest
 
 import perx
@@ -40,3 +41,22 @@ def test_command_writes_csv_and_png(tmp_path):
                    "--workers", "1", "--out", str(tmp_path)]) == 0
     for name in ("runs.csv", "summary.csv", "meta.json", "variants.png"):
         assert (tmp_path / name).exists()
+
+
+def test_holm_adjustment_matches_a_hand_computation():
+    # sorted: 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; 0.04 x 1 = 0.04, raised to the running maximum 0.06
+    np.testing.assert_allclose(v.holm([0.01, 0.04, 0.03]), [0.03, 0.06, 0.06])
+    # ties share the adjusted value; the factor m - k + 1 is capped at 1
+    np.testing.assert_allclose(v.holm([0.002, 0.002, 0.01, 0.6]), [0.008, 0.008, 0.02, 0.6])
+    np.testing.assert_allclose(v.holm([0.3, 0.5]), [0.6, 0.6])
+    assert v.holm([]).shape == (0,)
+
+
+def test_compare_adjusts_over_the_variants_but_not_the_base():
+    rows = [{"variant": name, "n": 3, "seed": s, "updates": 100 + s + shift}
+            for name, shift in (("proportional", 0), ("uniform", 50), ("rank", 20)) for s in range(6)]
+    table = {t["variant"]: t for t in v.compare(rows, 3)}
+    assert np.isnan(table["proportional"]["holm_p"])
+    raw = [table[name]["wilcoxon_p"] for name in ("uniform", "rank")]
+    np.testing.assert_allclose([table[name]["holm_p"] for name in ("uniform", "rank")], v.holm(raw))
+    assert table["uniform"]["holm_p"] == min(1.0, 2 * raw[0])  # two tests, equal p: both doubled

@@ -435,15 +435,31 @@ STYLE = {
 }
 
 
+def _why_not(summary: list[dict], method: str, rep: str) -> str:
+    """Strip label: the method and whether its runs that did not converge stalled, hit the cap, or both."""
+    rows = [s for s in summary if s["method"] == method]
+    stalled, capped = sum(s["stalled"] for s in rows), sum(s["hit_cap"] for s in rows)
+    why = "stalled" if not capped else "hit the cap" if not stalled else "stalled / hit the cap"
+    return f"{method.replace(f'-{rep}', '')}\n({why})"
+
+
 def plot(summary: list[dict], path: Path) -> None:
+    """Medians where more than half of the runs converged; runs that did not converge are marked, with their
+    count, in a strip above each panel, never drawn at the update count where they stopped (a stall stops
+    early, so that count would sit below the converged runs and read as faster)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 6.6), sharey=True)
-    for ax, rep, title in ((axes[0], "tabular", "Tabular (000 Fig. 2 left)"),
-                           (axes[1], "linear", "Linear function approximation (000 Fig. 2 right)")):
+    seeds = max(s["runs"] for s in summary)
+    failing = [m for m in METHODS if any(s["method"] == m and s["converged"] < s["runs"] for s in summary)]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex="col", gridspec_kw={"height_ratios": [1.4, 6]})
+    axes[1, 1].sharey(axes[1, 0])
+    for col, rep, title in ((0, "tabular", "Tabular (000 Fig. 2 left)"),
+                            (1, "linear", "Linear function approximation (000 Fig. 2 right)")):
+        strip, ax = axes[0, col], axes[1, col]
+        rows_here = [m for m in failing if representation(m) == rep]
         for method in METHODS:
             rows = [s for s in summary if s["method"] == method]
             if representation(method) != rep or not rows:
@@ -452,24 +468,42 @@ def plot(summary: list[dict], path: Path) -> None:
             color, marker = STYLE.get(base, ("gray", "x"))
             x = np.array([r["memory_size"] for r in rows])
             med = np.array([r["median_updates"] for r in rows])
+            # summarize() counts a run that did not converge as infinite, so the median is finite only
+            # where more than half of the runs converged: the curve is drawn there only
             ok = np.isfinite(med)
             if ok.any():
                 ax.plot(x[ok], med[ok], color=color, marker=marker, label=base, lw=1.8, ms=4)
                 for key in ("min_updates", "max_updates"):
                     y = np.array([r[key] for r in rows])
                     ax.plot(x[ok & np.isfinite(y)], y[ok & np.isfinite(y)], color=color, lw=0.7, alpha=0.35)
-            if (~ok).any():  # most runs stalled or hit the cap: show where they stopped, not a convergence
-                stop = np.array([r["median_updates_at_stop"] for r in rows])
-                ax.plot(x[~ok], stop[~ok], color=color, ls=":", marker="x", ms=6, lw=1.2,
-                        label=f"{base}: not converged (x: median updates at the stall / cap)")
+            if method in rows_here:
+                fails = np.array([r["runs"] - r["converged"] for r in rows])
+                hit = fails > 0
+                y_row = len(rows_here) - 1 - rows_here.index(method)  # first failing method on top
+                strip.plot(x[hit], np.full(hit.sum(), y_row), ls="none", marker="X", ms=7, color=color,
+                           mec="black", mew=0.5)
+                for xi, k in zip(x[hit], fails[hit], strict=True):
+                    strip.annotate(str(k), (xi, y_row), xytext=(0, 5), textcoords="offset points", ha="center",
+                                   va="bottom", fontsize=6.5)
+        strip.set_title(title, fontsize=10)
+        strip.set_ylim(-0.6, max(1, len(rows_here)) + 0.25)  # room for the counts and the note on top
+        strip.set_yticks(range(len(rows_here)), [_why_not(summary, m, rep) for m in reversed(rows_here)],
+                         fontsize=7)
+        strip.tick_params(axis="x", which="both", bottom=False)
+        strip.grid(alpha=0.3, axis="x", which="major")
+        strip.text(0.01, 0.97, f"X: runs that did not converge; number: how many of the {seeds}"
+                   if rows_here else f"did not converge: none (all {seeds} runs converged at every size)",
+                   transform=strip.transAxes, fontsize=7, color="dimgray", va="top")
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("memory size (transitions)")
-        ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3, which="both")
-        if ax.get_legend_handles_labels()[0]:  # below the axes: a legend inside would cover curves
-            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2, frameon=False)
-    axes[0].set_ylabel("updates to convergence (median of 10; faint: min, max)")
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:  # below the axes: a legend inside would cover curves
+            ax.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3,
+                      frameon=False)
+    axes[1, 0].set_ylabel(f"updates to convergence\n(median of {seeds}, drawn where more than half converged;"
+                          " faint: min, max)", fontsize=9)
     fig.suptitle("Blind Cliffwalk: updates until the MSE to the true Q-values is below 1e-3", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -558,23 +592,26 @@ def main(argv: list[str] | None = None, prog: str = "perx cliffwalk") -> int:
             writer.writerow(row)
             f.flush()  # every finished run is on disk: an interrupted study resumes where it stopped
             rows.append(row)
-            if row["hit_cap"] or row["stalled"]:
-                what = "stalled" if row["stalled"] else f"hit the cap of {row['cap']:,} updates"
-                _log(f"note: {row['method']} n={row['n']} seed={row['seed']} {what} (MSE {row['final_mse']:.2e})")
     summary = write_outputs(rows, out, cfg, command)
     print(f"\n{len(jobs)} runs in {time.perf_counter() - t0:.0f} s; wrote {out}/runs.csv, summary.csv, meta.json, "
           "cliffwalk.png\n")
+    print_not_converged(rows)
     print_table(summary)
     return 0
 
 
-def _log(message: str) -> None:
-    try:
-        from tqdm import tqdm
-
-        tqdm.write(message)
-    except ImportError:
-        print(message, flush=True)
+def print_not_converged(rows: list[dict]) -> None:
+    """One line per method whose runs did not all converge (rather than one line per run through the
+    progress bar): how many stalled or hit the cap, and at which n."""
+    for method in METHODS:
+        sel = [r for r in rows if r["method"] == method]
+        bad = [r for r in sel if not r["converged"]]
+        if not bad:
+            continue
+        ns = sorted({r["n"] for r in bad})
+        stalled, capped = sum(r["stalled"] for r in bad), sum(r["hit_cap"] for r in bad)
+        print(f"note: {method}: {len(bad)} of {len(sel)} runs did not converge ({stalled} stalled, {capped} hit "
+              f"the cap) at n = {', '.join(map(str, ns))}")
 
 
 def _execute(jobs, workers):

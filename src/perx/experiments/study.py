@@ -19,7 +19,6 @@ import argparse
 import csv
 import dataclasses
 import importlib
-import itertools
 import json
 import math
 import multiprocessing as mp
@@ -29,9 +28,8 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from perx.agents.dqn import DQNConfig
+from perx.experiments._stats import bootstrap_interval, holm
 
 PAPER_VARIANTS = ("uniform", "per", "rank", "lap", "pal")
 
@@ -221,25 +219,6 @@ def t_interval(values: list[float]) -> tuple[float, float]:
     return mean, float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
 
 
-def bootstrap_interval(values: list[float], level: float = 0.95, resamples: int = 10_000,
-                       seed: int = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values``. Exact (every one of the n^n resamples, each
-    with its multinomial weight) for n <= 6, otherwise ``resamples`` draws with a fixed seed. Unlike a t
-    interval it never leaves [min(values), max(values)], so a band drawn from it never shows values the
-    metric cannot take (a return below 0 where returns are counts)."""
-    x = np.asarray(values, dtype=float)
-    n = len(x)
-    if n == 1:
-        return float(x[0]), float(x[0])
-    if n <= 6:
-        idx = np.array(list(itertools.product(range(n), repeat=n)))
-        means = x[idx].mean(axis=1)  # each ordered resample once: equal weight is the multinomial weight
-    else:
-        means = x[np.random.default_rng(seed).integers(0, n, size=(resamples, n))].mean(axis=1)
-    tail = (1 - level) / 2
-    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
-
-
 def final_score(rows: list[dict], last: int = 10) -> float:
     """Mean evaluation return over the last ``last`` evaluations (004 D.2)."""
     tail = rows[-last:]
@@ -343,33 +322,35 @@ def plot(root: Path, log=print) -> dict:
 def _paired_lines(finals: dict, envs: list, variants: list, min_pairs: int = 5) -> list[str]:
     """Per environment, each variant against uniform and per, paired by seed (a seed fixes the environment's
     and the network's randomness in every variant): the seeds on which it scored higher, and the two-sided
-    p-value of the Wilcoxon signed-rank test (exact for small samples). Needs min_pairs common seeds."""
+    p-value of the Wilcoxon signed-rank test (exact for small samples), raw and Holm-adjusted over the family
+    of every test in that table (one table per reference). Needs min_pairs common seeds."""
     from scipy import stats
 
     out = []
     for ref in ("uniform", "per"):
         if ref not in variants:
             continue
-        table = ["", f"| paired by seed vs {ref}: seeds higher, Wilcoxon p | " + " | ".join(variants) + " |",
-                 "|---|" + "---|" * len(variants)]
-        filled = False
+        cells: dict[tuple[str, str], tuple[int, int, float]] = {}
         for env in envs:
-            cells = []
             for v in variants:
                 a, b = finals.get(env, {}).get(v, {}), finals.get(env, {}).get(ref, {})
                 common = sorted(set(a) & set(b))
                 if v == ref or len(common) < min_pairs:
-                    cells.append("-")
                     continue
                 x = [a[k] for k in common]
                 y = [b[k] for k in common]
                 higher = sum(p > q for p, q in zip(x, y, strict=True))
                 p = stats.wilcoxon(x, y).pvalue if any(p != q for p, q in zip(x, y, strict=True)) else 1.0
-                cells.append(f"{higher}/{len(common)}, p = {p:.3f}")
-                filled = True
-            table.append(f"| {env} | " + " | ".join(cells) + " |")
-        if filled:  # fewer than min_pairs common seeds everywhere: no table
-            out += table
+                cells[env, v] = (higher, len(common), float(p))
+        if not cells:  # fewer than min_pairs common seeds everywhere: no table
+            continue
+        adjusted = dict(zip(cells, holm([c[2] for c in cells.values()]), strict=True))
+        out += ["", f"| paired by seed vs {ref}: seeds higher, Wilcoxon p (Holm over the {len(cells)} tests of "
+                f"this table) | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+        for env in envs:
+            row = [f"{cells[env, v][0]}/{cells[env, v][1]}, p = {cells[env, v][2]:.3f} "
+                   f"(Holm {adjusted[env, v]:.3f})" if (env, v) in cells else "-" for v in variants]
+            out.append(f"| {env} | " + " | ".join(row) + " |")
     return out
 
 

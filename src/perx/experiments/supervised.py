@@ -18,7 +18,9 @@ Methods (every batch is drawn through a perx sampler over the training set):
   prioritized-is     the same with IS weights at beta = 1
 
 Outputs: ``runs.csv`` (every evaluation of every run), ``summary.csv`` (selected step sizes, final errors),
-``meta.json``, ``supervised.png`` (Figure 5: test errors and test loss against updates, median of the seeds).
+``meta.json``, ``supervised.png`` (Figure 5: test errors and test loss against updates, median of the seeds;
+the title names the keep share and the rare-digit counts it gives). ``--plot-only`` redraws summary.csv and the
+PNG from ``runs.csv`` with the settings saved in ``meta.json``.
 """
 
 from __future__ import annotations
@@ -65,25 +67,44 @@ class Config:
     """Seed of the data split (one split for every run, as the paper's one dataset)."""
 
 
-def load_split(cfg: Config) -> dict[str, np.ndarray]:
-    """The imbalanced training set and the balanced validation and test sets (float32 [n, 1, 8, 8] in [0, 1],
-    int64 labels)."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    x = (digits.images / 16.0).astype(np.float32)[:, None]
-    y = digits.target.astype(np.int64)
+def _split(cfg: Config, y: np.ndarray) -> dict[str, list[np.ndarray]]:
+    """Per class, the indices of test, validation, the whole training pool and the training set kept."""
     rng = np.random.default_rng(cfg.split_seed)
-    parts = {"train": [], "val": [], "test": []}
+    parts: dict[str, list[np.ndarray]] = {"train": [], "val": [], "test": [], "pool": []}
     for c in range(10):
         idx = rng.permutation(np.flatnonzero(y == c))
         n_test, n_val = round(0.25 * len(idx)), round(0.15 * len(idx))
         test, val, pool = idx[:n_test], idx[n_test:n_test + n_val], idx[n_test + n_val:]
+        parts["pool"].append(pool)
         if c in RARE:
             pool = pool[: max(1, round(cfg.keep * len(pool)))]
         parts["test"].append(test)
         parts["val"].append(val)
         parts["train"].append(pool)
+    return parts
+
+
+def _digits():
+    from sklearn.datasets import load_digits
+
+    return load_digits()
+
+
+def rare_kept(cfg: Config) -> tuple[list[int], list[int]]:
+    """(training examples kept, pool size) of each rare digit 0-4: what the keep share means after
+    rounding and the at-least-one rule, for the figure's title."""
+    parts = _split(cfg, _digits().target)
+    return [len(parts["train"][c]) for c in RARE], [len(parts["pool"][c]) for c in RARE]
+
+
+def load_split(cfg: Config) -> dict[str, np.ndarray]:
+    """The imbalanced training set and the balanced validation and test sets (float32 [n, 1, 8, 8] in [0, 1],
+    int64 labels)."""
+    digits = _digits()
+    x = (digits.images / 16.0).astype(np.float32)[:, None]
+    y = digits.target.astype(np.int64)
+    parts = _split(cfg, y)
+    del parts["pool"]
     out = {}
     for name, chunks in parts.items():
         idx = np.concatenate(chunks)
@@ -228,7 +249,18 @@ def curves(rows: list[dict], method: str, lr: float, key: str) -> tuple[np.ndarr
 STYLE = {"uniform": "black", "informed": "tab:green", "prioritized": "tab:blue", "prioritized-is": "tab:orange"}
 
 
-def plot(rows: list[dict], chosen: list[dict], n_test: int, path: Path) -> None:
+def _span(values: list[int]) -> str:
+    return f"{min(values)}" if min(values) == max(values) else f"{min(values)}-{max(values)}"
+
+
+def keep_label(cfg: Config) -> str:
+    """The share of the rare digits kept as run, e.g. '0-4 kept at 10%: 11 of 106-110 training examples each'."""
+    kept, pool = rare_kept(cfg)
+    return f"0-4 kept at {100 * cfg.keep:g}%: {_span(kept)} of {_span(pool)} training examples each"
+
+
+def plot(rows: list[dict], chosen: list[dict], n_test: int, path: Path, kept: str) -> None:
+    """Figure 5's panels; ``kept`` (from :func:`keep_label`) names the share of rare digits in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -248,7 +280,7 @@ def plot(rows: list[dict], chosen: list[dict], n_test: int, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[1].set_yscale("log")
     axes[0].legend(fontsize=8, loc="upper right")
-    fig.suptitle("Class-imbalanced digits (0-4 kept at 1%): median of the seeds at each method's best step size "
+    fig.suptitle(f"Class-imbalanced digits ({kept}): median of the seeds at each method's best step size "
                  "(000 Fig. 5)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -263,7 +295,7 @@ def write_outputs(rows: list[dict], cfg: Config, out: Path) -> list[dict]:
             writer.writeheader()
             writer.writerows(chosen)
         n_test = len(load_split(cfg)["y_test"])
-        plot(rows, chosen, n_test, out / "supervised.png")
+        plot(rows, chosen, n_test, out / "supervised.png", keep_label(cfg))
     return chosen
 
 
@@ -280,7 +312,8 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--out", default="results/supervised")
     parser.add_argument("--resume", action="store_true", help="keep finished runs in OUT/runs.csv")
-    parser.add_argument("--plot-only", action="store_true")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw summary.csv and the PNG from OUT/runs.csv with the settings in OUT/meta.json")
     args = parser.parse_args(argv)
     if not 0 < args.keep <= 1:
         parser.error(f"--keep: must lie in (0, 1], got {args.keep}")
@@ -290,6 +323,13 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
     out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.csv"
     if args.plot_only:
+        meta_path = out / "meta.json"
+        if meta_path.exists():
+            # redraw with the settings the runs were made with (the keep share in the title, the step
+            # sizes and seeds selection looks for), not this command's defaults
+            saved = json.loads(meta_path.read_text())["config"]
+            cfg = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
+            print(f"settings from {meta_path}: keep {cfg.keep:g}, {cfg.updates} updates, {cfg.seeds} seeds")
         rows = read_runs(runs_path)
         chosen = write_outputs(rows, cfg, out)
         print_table(chosen)

@@ -19,8 +19,9 @@ parameters depend only on (seed, n), so every variant starts from the same memor
   rank                perx.RankBased(0.7, segments=32)
   rank-staleness      + Staleness(1 / N): every transition's priority grows by 1 per N updates unreplayed
 
-Outputs: ``runs.csv``, ``summary.csv`` (median updates to convergence per variant and n), ``meta.json``
-and ``variants.png``.
+Outputs: ``runs.csv``, ``summary.csv`` (median updates to convergence per variant and n), ``meta.json``,
+``variants.png`` and ``table.md`` (each variant against proportional at the largest n: paired Wilcoxon p, raw and
+Holm-adjusted over the family of those tests). ``--plot-only`` redraws all but runs.csv from runs.csv.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 import perx
 from perx.envs import BlindCliffwalk
 from perx.experiments._pool import run_jobs
+from perx.experiments._stats import holm
 from perx.experiments.cliffwalk import CONVERGED_MSE, Learner
 from perx.priorities import Asymmetric, LearningProgress, PredecessorBoost, ReturnBoost, Staleness
 
@@ -162,7 +164,8 @@ def summarize(rows: list[dict]) -> list[dict]:
 def compare(rows: list[dict], n: int, base: str = "proportional") -> list[dict]:
     """Each variant against ``base`` at chain size n: ratio of medians and a paired two-sided Wilcoxon
     signed-rank test over seeds (a seed fixes the memory and the initial parameters for every variant);
-    runs that did not converge count as the cap."""
+    runs that did not converge count as the cap. ``holm_p``: the p-values Holm-adjusted over the family of
+    every variant-against-``base`` test at this n (the base's own row is no test: NaN)."""
     from scipy import stats
 
     def updates(variant):
@@ -180,7 +183,10 @@ def compare(rows: list[dict], n: int, base: str = "proportional") -> list[dict]:
         p = 1.0 if variant == base or (a == b).all() else float(stats.wilcoxon(a, b).pvalue)
         out.append({"variant": variant, "n": n, "seeds": len(seeds), "median": float(np.median(a)),
                     "ratio_to_" + base: float(np.median(a) / np.median(b)), "wins": int((a < b).sum()),
-                    "wilcoxon_p": p})
+                    "wilcoxon_p": p, "holm_p": float("nan")})
+    tests = [t for t in out if t["variant"] != base]
+    for t, adjusted in zip(tests, holm([t["wilcoxon_p"] for t in tests]), strict=True):
+        t["holm_p"] = float(adjusted)
     return out
 
 
@@ -191,13 +197,16 @@ STYLE = {"uniform": ("black", "-"), "proportional": ("tab:blue", "-"), "rank": (
          "rank-staleness": ("salmon", "--")}
 
 
-def plot(summary: list[dict], path: Path) -> None:
+def plot(summary: list[dict], path: Path, table: list[dict] | None = None) -> None:
+    """Median updates against memory size; with ``table`` (from :func:`compare`) the legend gives each
+    variant's ratio to proportional at the largest n and its Holm-adjusted p-value."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 6))
+    at = {t["variant"]: t for t in table or []}
+    fig, ax = plt.subplots(figsize=(11.5, 6))
     for variant in VARIANTS:
         rows = [s for s in summary if s["variant"] == variant]
         if not rows:
@@ -206,14 +215,24 @@ def plot(summary: list[dict], path: Path) -> None:
         med = np.array([r["median_updates"] for r in rows])
         ok = np.isfinite(med)
         color, ls = STYLE.get(variant, ("gray", "-"))
-        ax.plot(x[ok], med[ok], color=color, ls=ls, marker="o", ms=3, lw=1.6, label=variant)
+        label = variant
+        if variant in at and not np.isnan(at[variant]["holm_p"]):
+            t = at[variant]
+            label += f": {t['ratio_to_proportional']:.2f}x, Holm p {t['holm_p']:.3f}"
+        ax.plot(x[ok], med[ok], color=color, ls=ls, marker="o", ms=3, lw=1.6, label=label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("memory size (transitions)")
     ax.set_ylabel("updates to convergence (median over seeds)")
     ax.set_title("Blind Cliffwalk, linear: 000 Appendix A priority variants (no IS weights)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left", ncol=2)
+    if at:  # outside the axes on the right: the longer labels would cover the small chains' curves
+        n = next(iter(at.values()))["n"]
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False,
+                  title=f"at n = {n}: updates / proportional's,\nHolm-adjusted Wilcoxon p\n(family: the "
+                  f"{len(at) - 1} variants vs proportional)", title_fontsize=8, alignment="left")
+    else:
+        ax.legend(fontsize=8, loc="upper left", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -261,20 +280,33 @@ def main(argv: list[str] | None = None, prog: str = "perx variants") -> int:
         writer = csv.DictWriter(f, fieldnames=list(summary[0]))
         writer.writeheader()
         writer.writerows(summary)
-    plot(summary, out / "variants.png")
     table = compare(rows, max(r["n"] for r in rows))
+    plot(summary, out / "variants.png", table)
     command = json.loads((out / "meta.json").read_text())["command"] if (out / "meta.json").exists() \
         else " ".join([prog, *argv])
+    family = [t["variant"] for t in table if t["variant"] != "proportional"]
+    survive = [t["variant"] for t in table if t["holm_p"] <= 0.05]
     lines = [f"# 000 App. A variants on the linear Blind Cliffwalk, n = {table[0]['n']}", "",
              f"Command: `{command}`; {table[0]['seeds']} seeds; paired two-sided Wilcoxon signed-rank test "
              "against plain proportional over seeds (a seed fixes the memory and the initial parameters).", "",
-             "| variant | median updates | / proportional | runs faster than proportional | Wilcoxon p |",
-             "|---|---|---|---|---|"]
+             f"Multiple comparisons: the family is the {len(family)} tests of this table, each variant against "
+             f"proportional at n = {table[0]['n']} ({', '.join(family)}); Holm p is the Holm-Bonferroni adjusted "
+             "p-value over that family (family-wise error rate). Differences with Holm p <= 0.05: "
+             f"{', '.join(survive) if survive else 'none'}.", "",
+             "| variant | median updates | / proportional | runs faster than proportional | Wilcoxon p (raw) "
+             "| Holm p |",
+             "|---|---|---|---|---|---|"]
     for t in table:
-        lines.append(f"| {t['variant']} | {t['median']:,.0f} | {t['ratio_to_proportional']:.2f}x | "
-                     f"{t['wins']}/{t['seeds']} | {t['wilcoxon_p']:.3g} |")
+        adjusted = "--" if np.isnan(t["holm_p"]) else f"{t['holm_p']:.3g}"
+        base = t["variant"] == "proportional"  # the reference itself: no test
+        raw = "--" if base else f"{t['wilcoxon_p']:.3g}"
+        wins = "--" if base else f"{t['wins']}/{t['seeds']}"
+        lines.append(f"| {t['variant']} | {t['median']:,.0f} | {t['ratio_to_proportional']:.2f}x | {wins} | {raw} | "
+                     f"{adjusted} |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
-    print(f"wrote {out}/runs.csv, summary.csv, table.md, meta.json, variants.png\n")
+    wrote = "summary.csv, table.md, variants.png from runs.csv" if args.plot_only else \
+        "runs.csv, summary.csv, table.md, meta.json, variants.png"
+    print(f"wrote {out}/{wrote}\n")
     print("\n".join(lines))
     return 0
 
