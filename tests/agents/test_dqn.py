@@ -385,3 +385,29 @@ def test_study_verify_repeats_a_tiny_study_exactly_and_detects_an_altered_row(tm
     assert "3 of 4 runs repeat" in verify.report(result, root, 400)
     # the command's exit status says whether everything agreed
     assert verify.main([str(root), "--steps", "400"]) == 1
+
+
+def test_study_cells_name_their_runs_and_runs_differing_in_a_shared_field_get_separate_groups():
+    from perx.experiments import study
+
+    spec = {"envs": ["CartPole-v1"], "seeds": [0, 1], "variants": ["u-a", "p-a", "p-b"], "config": {"total_steps": 10},
+            "cells": {"u-a": {"variant": "uniform", "optimizer_eps": 0.01},
+                      "p-a": {"variant": "per", "optimizer_eps": 0.01, "normalize": "buffer"},
+                      "p-b": {"variant": "per", "optimizer_eps": 1e-5, "lr_scale": 0.25}}}
+    groups = study.grid_runs(spec)
+    # optimizer_eps is shared by every run of a lockstep group (one optimiser): two groups, in order
+    assert [[(name, c.seed) for name, c in g] for g in groups] == [
+        [("u-a", 0), ("u-a", 1), ("p-a", 0), ("p-a", 1)], [("p-b", 0), ("p-b", 1)]]
+    p_b = groups[1][0][1]
+    assert (p_b.optimizer_eps, p_b.settings()["lr_scale"]) == (1e-5, 0.25)
+    assert groups[0][2][1].settings()["normalize"] == "buffer"
+
+
+def test_study_interleave_runs_the_first_group_of_every_env_before_the_second():
+    from perx.experiments import study
+
+    spec = {"envs": ["CartPole-v1", "Acrobot-v1"], "variants": ["uniform", "per"], "seeds": [0, 1, 2],
+            "order": "seeds", "group": 4, "interleave": True, "config": {"total_steps": 10}}
+    groups = study.grid(spec)
+    assert [(g[0].env_id, sorted({c.seed for c in g})) for g in groups] == [
+        ("CartPole-v1", [0, 1]), ("Acrobot-v1", [0, 1]), ("CartPole-v1", [2]), ("Acrobot-v1", [2])]

@@ -230,6 +230,12 @@ class DQNConfig(VariantConfig):
         return out
 
 
+def config_from_record(fields: dict[str, Any]) -> DQNConfig:
+    """The DQNConfig a ``config.json`` records (its "config" entry). Records written before presets existed
+    have no ``preset`` and None where the old code filled in its defaults, which are the minatar preset's."""
+    return DQNConfig(**({"preset": "minatar"} if "preset" not in fields else {}), **fields)
+
+
 #: Fields that must agree between runs trained in one lockstep group.
 SHARED = ("env_id", "total_steps", "buffer_size", "batch_size", "gamma", "n_step", "optimizer", "optimizer_eps",
           "learning_rate",

@@ -25,7 +25,7 @@ from perx.agents.runner import flush_denormals
 
 
 def measure(run_dir: Path, updates: int) -> dict:
-    cfg = dqn.DQNConfig(**json.loads((run_dir / "config.json").read_text())["config"])
+    cfg = dqn.config_from_record(json.loads((run_dir / "config.json").read_text())["config"])
     runs = dqn.Runs([cfg])
     if not runs.load([run_dir]):
         raise SystemExit(f"{run_dir}: no checkpoint")

@@ -112,7 +112,9 @@ def grid_runs(spec: dict) -> list[list[tuple[str, Any]]]:
     Runs are listed variant by variant (every seed of the first variant, then the next), or with
     ``order = "seeds"`` seed by seed (every variant of the first seed, then the next), so that with a
     group size that is a multiple of the number of variants each finished group is a complete
-    comparison of all variants on some seeds. Runs that must not share a process (they differ in a field
+    comparison of all variants on some seeds; ``interleave = true`` then runs the first group of every
+    environment before the second of any, so that finished groups cover every environment early. Runs that
+    must not share a process (they differ in a field
     every run of a lockstep group shares, such as the optimiser's eps) go to separate groups, in the order
     they first appear; each such set is then cut into groups of ``group`` runs.
     """
@@ -122,7 +124,7 @@ def grid_runs(spec: dict) -> list[list[tuple[str, Any]]]:
     order = spec.get("order", "variants")
     if order not in ("variants", "seeds"):
         raise SystemExit(f"order: 'variants' or 'seeds', got {order!r}")
-    groups = []
+    per_env: list[list[list[tuple[str, Any]]]] = []
     for env_id in spec["envs"]:
         pairs = ([(v, s) for v in spec["variants"] for s in spec["seeds"]] if order == "variants"
                  else [(v, s) for s in spec["seeds"] for v in spec["variants"]])
@@ -130,10 +132,12 @@ def grid_runs(spec: dict) -> list[list[tuple[str, Any]]]:
         for v, s in pairs:
             cfg = config_class(**{**base, "env_id": env_id, **cell_overrides(spec, v), "seed": s})
             sets.setdefault(tuple(getattr(cfg, f) for f in shared), []).append((v, cfg))
-        for runs in sets.values():
-            size = spec.get("group", len(runs))
-            groups += [runs[i:i + size] for i in range(0, len(runs), size)]
-    return groups
+        per_env.append([runs[i:i + size] for runs in sets.values()
+                        for size in [spec.get("group", len(runs))] for i in range(0, len(runs), size)])
+    if spec.get("interleave", False):  # the first group of every env, then the second of every env, ...
+        return [g for k in range(max(map(len, per_env))) for groups in per_env if k < len(groups)
+                for g in [groups[k]]]
+    return [g for groups in per_env for g in groups]
 
 
 def grid(spec: dict) -> list[list[Any]]:
