@@ -411,3 +411,19 @@ def test_study_interleave_runs_the_first_group_of_every_env_before_the_second():
     groups = study.grid(spec)
     assert [(g[0].env_id, sorted({c.seed for c in g})) for g in groups] == [
         ("CartPole-v1", [0, 1]), ("Acrobot-v1", [0, 1]), ("CartPole-v1", [2]), ("Acrobot-v1", [2])]
+
+
+def test_pooled_table_scales_each_pair_by_the_games_mean_uniform_score():
+    from perx.experiments.study import _pooled_lines
+
+    finals = {"A": {"uniform": {0: 1.0, 1: 3.0, 2: 2.0}, "per": {0: 2.0, 1: 3.0, 2: 4.0}},
+              "B": {"uniform": {0: 10.0, 1: 10.0, 2: 10.0}, "per": {0: 9.0, 1: 12.0, 2: 13.0}}}
+    lines = _pooled_lines(finals, ["A", "B"], ["uniform", "per"])
+    # pairs: A (1, 0, 2) / 2 = 0.5, 0, 1; B (-1, 2, 3) / 10 = -0.1, 0.2, 0.3: mean 0.3167, 4 of 6 above 0
+    row = lines[-1]
+    assert row.startswith("| per | 6 | +31.7% ± ") and "| 4/6 |" in row
+    from scipy import stats
+
+    p = stats.wilcoxon([0.5, 0.0, 1.0, -0.1, 0.2, 0.3]).pvalue
+    assert row.endswith(f"| {p:.3f} ({p:.3f}) |")  # one test: Holm leaves it as it is
+    assert _pooled_lines({"A": finals["A"]}, ["A"], ["uniform", "per"]) == []  # one game: nothing pooled

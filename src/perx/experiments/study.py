@@ -317,10 +317,73 @@ def plot(root: Path, log=print) -> dict:
                     gains) % 2 else (sorted(gains)[len(gains) // 2 - 1] + sorted(gains)[len(gains) // 2]) / 2
                 cells.append(f"{100 * value:+.1f}%")
             lines.append(f"| {stat} | " + " | ".join(cells) + " |")
+        if len(envs) > 1:  # 000 Table 1's count: on how many games the variant's mean is above the reference's
+            cells = [f"{sum(means[e][v][0] > means[e][ref][0] for e in envs if v in means[e] and ref in means[e])}"
+                     f"/{sum(1 for e in envs if v in means[e] and ref in means[e])}" if v != ref else "-"
+                     for v in variants]
+            lines.append("| games above | " + " | ".join(cells) + " |")
     lines += _paired_lines(finals, envs, variants)
+    lines += _pooled_lines(finals, envs, variants)
+    lines += _train_return_lines(data, envs, variants)
     (root / "table.md").write_text("\n".join(lines) + "\n")
     log(f"wrote {root / 'curves.png'}, {root / 'table.md'}, {root / 'final.csv'}")
     return {"finals": finals, "means": means}
+
+
+def _pooled_lines(finals: dict, envs: list, variants: list, min_pairs: int = 6) -> list[str]:
+    """Each variant against uniform over all games at once: per (game, seed) the paired difference scaled by
+    the game's mean uniform score, (x - u) / |mean u| (004 Table 2's gain, seed by seed); its mean with a 95% t
+    interval, the pairs above 0, and the two-sided Wilcoxon signed-rank p (Holm over the table's tests). One
+    game's 5 seeds alone cannot reach p < 0.0625 with the signed-rank test; the pooled pairs can."""
+    from scipy import stats
+
+    if "uniform" not in variants or len(envs) < 2:
+        return []
+    rows, ps = [], []
+    for v in variants:
+        if v == "uniform":
+            continue
+        diffs = []
+        for env in envs:
+            a, u = finals.get(env, {}).get(v, {}), finals.get(env, {}).get("uniform", {})
+            common = sorted(set(a) & set(u))
+            scale = abs(sum(u.values()) / len(u)) if u else 0.0
+            if scale > 0:
+                diffs += [(a[k] - u[k]) / scale for k in common]
+        if len(diffs) < min_pairs:
+            continue
+        mean, half = t_interval(diffs)
+        p = float(stats.wilcoxon(diffs).pvalue) if any(d != 0 for d in diffs) else 1.0
+        rows.append((v, len(diffs), mean, half, sum(d > 0 for d in diffs)))
+        ps.append(p)
+    if not rows:
+        return []
+    out = ["", f"| pooled over games vs uniform: (x - u) / mean u per (game, seed) | pairs | mean ± 95% t | "
+           f"pairs above 0 | Wilcoxon p (Holm over {len(rows)}) |", "|---|---|---|---|---|"]
+    for (v, n, mean, half, above), p, adj in zip(rows, ps, holm(ps), strict=True):
+        out.append(f"| {v} | {n} | {100 * mean:+.1f}% ± {100 * half:.1f}% | {above}/{n} | {p:.3f} ({adj:.3f}) |")
+    return out
+
+
+def _train_return_lines(data: dict, envs: list, variants: list) -> list[str]:
+    """Training returns (``train_return``: the mean of each run's last 10 training episodes) at the middle and
+    at the end of the runs, mean over seeds with a 95% t interval: the quantity the MinAtar paper plots."""
+    ends = [int(max(r["step"] for seeds in data[e].values() for rows in seeds.values() for r in rows)) for e in envs]
+    if not ends:
+        return []
+    end = min(ends)
+    marks = sorted({end // 2, end})
+    out = ["", "| training return (last 10 episodes) | step | " + " | ".join(variants) + " |",
+           "|---|---|" + "---|" * len(variants)]
+    for env in envs:
+        for step in marks:
+            cells = []
+            for v in variants:
+                vals = [r["train_return"] for rows in data[env].get(v, {}).values() for r in rows
+                        if int(r["step"]) == step and not math.isnan(r["train_return"])]
+                cells.append(f"{t_interval(vals)[0]:.2f} ± {t_interval(vals)[1]:.2f}" if vals else "-")
+            out.append(f"| {env} | {step:,} | " + " | ".join(cells) + " |")
+    return out
 
 
 def _paired_lines(finals: dict, envs: list, variants: list, min_pairs: int = 5) -> list[str]:
