@@ -6,24 +6,27 @@ R runs at once ("lockstep"): every network has a leading run axis (:mod:`perx.ag
 has its own environment, replay buffer, random generators and step size, and nothing of one run reaches
 another, so R = 1 is an ordinary single run. What the variants change, and nothing else:
 
-========= ========================================= ===================== ==================== =========
-variant   sampler (perx)                            loss on delta          priority written     step size
-========= ========================================= ===================== ==================== =========
-uniform   ``Uniform()``                             Huber (kappa 1)        -                    eta
-per       ``Proportional(0.6, eps=1e-10)``, beta    IS-weighted Huber      abs(delta) (+eps)    eta / 4
-          0.4 -> 1
-rank      ``RankBased(0.7)``, beta 0.5 -> 1         IS-weighted Huber      abs(delta)           eta / 4
-lap       ``LAP(0.6, kappa=0.01)``                  Huber, kappa 0.01      max(abs(delta), .01) eta
-pal       ``Uniform()``                             PAL (alpha 0.6, 0.01)  -                    eta
-========= ========================================= ===================== ==================== =========
+========= ============================================ ===================== ==================== ====
+variant   sampler (perx), under the defaults           loss on delta          priority written     step
+========= ============================================ ===================== ==================== ====
+uniform   ``Uniform()``                                Huber (kappa 1)        -                    eta
+per       ``Proportional(0.6, eps=1e-6)``, beta         IS-weighted Huber      abs(delta) + 1e-6    eta
+          0.4 -> 1, weights / the batch's largest
+rank      ``RankBased(0.7)``, beta 0.5 -> 1, the same   IS-weighted Huber      abs(delta) (its rank) eta
+lap       ``LAP(0.6, kappa=0.01)``                     Huber, kappa 0.01      max(abs(delta), .01) eta
+pal       ``Uniform()``                                PAL (alpha 0.6, 0.01)  -                    eta
+hybrid    half ``Proportional(0.6)``, half uniform     IS-weighted Huber      abs(delta) + 1e-6    eta
+========= ============================================ ===================== ==================== ====
 
-(000 Table 3 and Sec. 4 for per/rank: step size divided by 4; 004 Appendix D.2 / Table 7 and eq. 29-31
-for lap/pal: kappa = 0.01 with the priority floor shifted to match.) Algorithm 1 semantics: every
+(000 Table 3 for alpha and beta; 004 Appendix D.2 / Table 7 and eq. 29-31 for lap/pal: kappa = 0.01 with the
+priority floor shifted to match; RMSprop eps 1e-5 and one step size for every variant as 004.) The published
+settings are presets (``PRESETS``: ``minatar``, ``000`` with eta/4 and buffer-wide IS normalisation, ``004``);
+docs/dqn.md says which setting made PER collapse under the old defaults. Algorithm 1 semantics: every
 transition enters at maximal priority; every K = ``train_frequency`` environment steps a minibatch is
 sampled with its IS weights; Double-DQN targets (online argmax, target-network value); the new |delta|
 written back for exactly the sampled ids; the target network copied every C = ``target_update``
-updates; beta annealed linearly to 1 at the end of training; ``terminated`` stops bootstrapping,
-``truncated`` does not.
+updates; beta annealed linearly to 1 over ``beta_steps`` (the run, unless a preset says otherwise);
+``terminated`` stops bootstrapping, ``truncated`` does not.
 """
 
 from __future__ import annotations
