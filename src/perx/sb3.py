@@ -60,11 +60,38 @@ class PerxReplayBufferSamples(NamedTuple):
     indices: np.ndarray
 
 
+def describe_sampler(sampler: perx.Sampler) -> dict[str, Any]:
+    """A sampler as configuration: ``{"name": ..., "config": {...}}`` (plain values, what SB3 saves in a model's
+    ``replay_buffer_kwargs``), from which :func:`build_sampler` makes a new, unbound sampler."""
+    return {"name": sampler.name, "config": sampler.config()}
+
+
+def build_sampler(sampler: perx.Sampler | dict | None) -> perx.Sampler:
+    """A new unbound sampler for a buffer: None -> ``perx.Uniform()``; a description (:func:`describe_sampler`)
+    -> that sampler; an unbound sampler -> itself; a bound one (what a loaded SB3 model hands back when its
+    kwargs held the live object) -> a new sampler with its configuration."""
+    if sampler is None:
+        return perx.Uniform()
+    if isinstance(sampler, dict):
+        cls = perx.Sampler.registry.get(sampler.get("name"))
+        if cls is None or not isinstance(sampler.get("config", {}), dict):
+            raise ValueError(f"sampler: expected a perx sampler or {{'name': <one of "
+                             f"{sorted(perx.Sampler.registry)}>, 'config': {{...}}}}, got {sampler!r}")
+        return cls(**sampler.get("config", {}))
+    if not isinstance(sampler, perx.Sampler):
+        raise TypeError(f"sampler: expected a perx sampler or its description, got {type(sampler).__name__}")
+    if sampler.capacity is not None:
+        return type(sampler)(**sampler.config())
+    return sampler
+
+
 class PerxReplayBuffer(ReplayBuffer):
     """A perx buffer with SB3's ``ReplayBuffer`` interface (``replay_buffer_class=PerxReplayBuffer``).
 
     Args (besides SB3's own, passed by the algorithm):
-        sampler: a perx sampler (default ``perx.Uniform()``).
+        sampler: a perx sampler or its description ``{"name": "Proportional", "config": {"alpha": 0.6}}``
+            (default ``perx.Uniform()``); see :func:`build_sampler`. SB3 keeps this argument in the model and
+            passes it again when a saved model is loaded, so the perx algorithms store the description.
         n_steps: n of n-step returns; the samples then hold the n-step return in ``rewards`` and
             gamma^k (0 after a termination) in ``discounts``, as SB3's own ``NStepReplayBuffer``.
         gamma: discount for the n-step return.
@@ -79,6 +106,7 @@ class PerxReplayBuffer(ReplayBuffer):
                  device: th.device | str = "auto", n_envs: int = 1, optimize_memory_usage: bool = False,
                  handle_timeout_termination: bool = True, *, sampler: perx.Sampler | None = None,
                  n_steps: int = 1, gamma: float = 0.99, seed: int | None = None) -> None:
+        sampler = build_sampler(sampler)
         if isinstance(observation_space, spaces.Dict):
             raise TypeError("observation_space: PerxReplayBuffer does not support Dict observation spaces")
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
@@ -97,6 +125,10 @@ class PerxReplayBuffer(ReplayBuffer):
         #: IS exponent used by ``sample`` when none is given (the perx algorithms set it every update).
         self.beta = 1.0
         self._streams = np.arange(n_envs)
+        #: each stream's last next observation, and whether its episode is still open: an add whose obs is not
+        #: that next observation follows a reset SB3 made (a new learn(), a loaded model) and ends the episode
+        self._next_obs = np.zeros((n_envs, *self.obs_shape), observation_space.dtype)
+        self._open = np.zeros(n_envs, np.bool_)
 
     @property
     def sampler(self) -> perx.Sampler:
@@ -119,9 +151,14 @@ class PerxReplayBuffer(ReplayBuffer):
             timeout = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos], np.bool_)
         else:
             timeout = np.zeros(n, np.bool_)
+        broken = self._open & ~(obs == self._next_obs).reshape(n, -1).all(axis=1)
+        if broken.any():  # SB3 reset these environments mid-episode: their stored episodes end (truncated)
+            self.buffer.end_episodes(self._streams[broken])
         self.buffer.extend(obs=obs, next_obs=next_obs, action=action,
                            reward=np.asarray(reward, np.float32).reshape(n), terminated=done & ~timeout,
                            truncated=done & timeout, stream=self._streams)
+        self._next_obs[...] = next_obs
+        self._open = ~done
         self.pos = self.buffer.next_index % self.buffer_size
         self.full = len(self.buffer) == self.buffer_size
 
@@ -180,7 +217,9 @@ class _PerxAlgorithm:
         self.kappa = kappa
         self.beta_schedule = tuple(beta) if beta is not None else _BETA.get(name, (0.4, 1.0))
         buffer_kwargs = dict(kwargs.pop("replay_buffer_kwargs", None) or {})
-        buffer_kwargs["sampler"] = sampler
+        # configuration, not the live object: SB3 saves these kwargs and passes them again to the buffer of a
+        # loaded model, which must get a sampler of its own
+        buffer_kwargs["sampler"] = describe_sampler(sampler)
         if kwargs.get("seed") is not None:  # the sampler's own generator follows the algorithm's seed
             buffer_kwargs.setdefault("seed", kwargs["seed"])
         kwargs["replay_buffer_class"] = PerxReplayBuffer

@@ -126,3 +126,56 @@ def test_sb3_sac_runs_with_perx(replay):
 def test_bad_replay_choice_is_refused():
     with pytest.raises(ValueError, match="replay"):
         perx.sb3.DQN("MlpPolicy", "CartPole-v1", replay="best")
+
+
+ROUND_TRIPS = [(algo, replay) for algo in ("DQN", "TD3", "SAC")
+               for replay in ("uniform", "per", "rank", "lap", "pal")]
+
+
+@pytest.mark.parametrize(("algo", "replay"), ROUND_TRIPS)
+def test_a_saved_model_loads_predicts_the_same_and_trains_on_with_its_saved_buffer(tmp_path, algo, replay):
+    cls = getattr(perx.sb3, algo)
+    env_id = "CartPole-v1" if algo == "DQN" else "Pendulum-v1"
+    model = cls("MlpPolicy", gym.make(env_id), replay=replay, learning_starts=50, train_freq=4, seed=0,
+                policy_kwargs={"net_arch": [16]})
+    model.learn(120)
+    # the sampler is configuration in the saved kwargs, never the live (bound) object
+    assert model.replay_buffer_kwargs["sampler"] == perx.sb3.describe_sampler(model.replay_buffer.sampler)
+    model.save(tmp_path / "model.zip")
+    model.save_replay_buffer(tmp_path / "replay.pkl")
+    loaded = cls.load(tmp_path / "model.zip", env=gym.make(env_id))
+    assert loaded.replay_buffer.sampler is not model.replay_buffer.sampler
+    assert type(loaded.replay_buffer.sampler) is type(model.replay_buffer.sampler)
+    obs = np.stack([gym.make(env_id).reset(seed=s)[0] for s in range(4)])
+    np.testing.assert_array_equal(loaded.predict(obs, deterministic=True)[0], model.predict(obs, deterministic=True)[0])
+    loaded.learn(60, reset_num_timesteps=False)  # a fresh buffer of its own
+    assert loaded.replay_buffer.size() == 60
+    again = cls.load(tmp_path / "model.zip", env=gym.make(env_id))
+    again.load_replay_buffer(tmp_path / "replay.pkl")
+    saved = again.replay_buffer
+    assert saved.size() == 120
+    if replay in ("per", "rank", "lap"):  # the priorities came back with the buffer
+        np.testing.assert_array_equal(saved.buffer.priorities(np.arange(120)),
+                                      model.replay_buffer.buffer.priorities(np.arange(120)))
+    again.learn(60, reset_num_timesteps=False)  # the env was reset: the open episode ends, training goes on
+    assert again.replay_buffer.size() == 180
+
+
+def test_learning_twice_resets_the_env_and_ends_the_open_episode_as_truncated():
+    model = perx.sb3.DQN("MlpPolicy", "CartPole-v1", replay="per", learning_starts=50, seed=0,
+                         policy_kwargs={"net_arch": [16]})
+    model.learn(100)
+    last = model.replay_buffer.buffer.get(np.array([99]))
+    model.learn(50)  # SB3 resets the environment mid-episode
+    first_run_end = model.replay_buffer.buffer.get(np.array([99]))
+    if not last["terminated"][0] and not last["truncated"][0]:
+        assert first_run_end["truncated"][0]  # marked: its n-step window stops there and bootstraps
+    assert model.replay_buffer.size() >= 150  # (SB3 collects in rollouts of train_freq steps)
+
+
+def test_a_sampler_description_is_refused_naming_it_when_unknown():
+    space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    with pytest.raises(ValueError, match="Bogus"):
+        perx.sb3.PerxReplayBuffer(10, space, gym.spaces.Discrete(2), sampler={"name": "Bogus", "config": {}})
+    with pytest.raises(TypeError, match="sampler"):
+        perx.sb3.PerxReplayBuffer(10, space, gym.spaces.Discrete(2), sampler="per")
