@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from perx.bench import main as bench_main
 from perx.cli import main
 
@@ -45,3 +47,66 @@ def test_help_lists_the_agent_commands(capsys):
 def test_console_script_runs():
     out = subprocess.run([sys.executable, "-m", "perx.cli", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "bench" in out.stdout
+
+
+def test_help_columns_are_aligned_and_every_command_is_listed(capsys):
+    from perx.cli import COMMANDS
+
+    assert main(["--help"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
+    assert [line.split()[0] for line in lines] == [name for name, _ in COMMANDS]
+    assert len({len(line) - len(line[2:].split(maxsplit=1)[1]) for line in lines}) == 1  # descriptions line up
+
+
+def test_help_into_a_closed_pipe_prints_no_traceback():
+    out = subprocess.run(f"{sys.executable} -m perx.cli --help | head -1", shell=True, capture_output=True, text=True)
+    assert out.stdout.startswith("usage: perx") and "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr
+
+
+REFUSALS = [
+    (["--steps", "-5"], "--steps: must be >= 1, got -5"),
+    (["--steps", "0"], "--steps: must be >= 1, got 0"),
+    (["--env", "Nope-v0"], "--env: unknown environment 'Nope-v0'"),
+    (["--env", "MinAtar/Nope-v0"], "--env: unknown environment 'MinAtar/Nope-v0'"),
+    (["--steps", "100"], "--steps: 100 ends before the first update (learning_starts = 5000)"),
+    (["--variant", "bogus"], "argument --variant: invalid choice: 'bogus'"),
+    (["--preset", "bogus"], "argument --preset: invalid choice: 'bogus'"),
+    (["--set", "nonsense=1"], "--set: expected FIELD=VALUE with a DQNConfig field, got 'nonsense=1'"),
+    (["--set", "learning_rate=fast"], "--set: learning_rate takes a"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), REFUSALS, ids=[" ".join(a) for a, _ in REFUSALS])
+def test_perx_dqn_refuses_bad_input_on_one_line_with_status_2_before_writing(tmp_path, capsys, args, message):
+    pytest.importorskip("torch")
+    pytest.importorskip("minatar")
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main(["dqn", *args, "--out", str(out)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("perx dqn: error: ") and message in err, err
+    assert not out.exists()  # nothing written
+
+
+def test_perx_plot_says_why_a_gain_table_is_missing(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from perx.experiments import study
+
+    d = tmp_path / "s" / "CartPole-v1" / "per" / "seed=0"
+    d.mkdir(parents=True)
+    (d / "metrics.csv").write_text("step,episodes,eval_return,train_return,loss,steps_per_second,runs_in_process\n"
+                                   "100,3,20,18,0.5,100,1\n")
+    messages = []
+    study.plot(tmp_path / "s", log=messages.append)
+    table = (tmp_path / "s" / "table.md").read_text()
+    assert "(No gain over uniform: this study has no uniform runs.)" in table
+    assert any("no gain over uniform" in m for m in messages)
+
+
+def test_study_outputs_default_to_a_folder_git_ignores():
+    from perx.experiments import study
+
+    assert study.find_study("a-study-that-does-not-exist", None) == study.Path("runs") / "a-study-that-does-not-exist"
+    ignored = (study.Path(__file__).resolve().parents[1] / ".gitignore").read_text().splitlines()
+    assert "runs/" in ignored

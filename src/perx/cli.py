@@ -2,31 +2,43 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
-USAGE = """usage: perx <command> [options]
-
-commands:
-  cliffwalk  the Blind Cliffwalk study of PER Figures 1 and 2 (updates to convergence vs memory size)
-  dqn      train Double DQN with uniform, PER, rank, LAP or PAL replay (one run, or seeds in lockstep)
-  td3      train TD3 with uniform, PER, LAP or PAL replay on MuJoCo (one run, or seeds in lockstep)
-  study    run or resume a grid of DQN or TD3 runs (envs x variants x seeds), then plot it
-  plot     learning curves and the table of 004 Table 2 for a study
-  bench    time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)
-  bench-agents  replay's cost inside the Double DQN loop per variant, and lockstep throughput
-  bench-td3  TD3's run time with perx, cpprb and Tianshou buffers swapped in (004 Table 3)
-  bench-loop  the buffer's time per step inside a TD3-style loop (fake env, real networks; CUDA if present)
-  supervised  prioritized supervised learning on class-imbalanced digits (PER Sec. 6, Figure 5)
-  variants  the priority variants of PER Appendix A on the linear Blind Cliffwalk
-  rank-tv  total-variation distance of heap-mode rank-based sampling from the power law
-  apex     Ape-X Double DQN on Ray: actors, a sharded prioritized replay, one learner (perx[ray])
-  theory   check the loss/sampling equivalence (Fujimoto et al. 2020) exactly; plot the losses
-
-Run `perx <command> --help` for a command's options."""
+#: (command, what it does), in the order ``perx --help`` lists them.
+COMMANDS = (
+    ("cliffwalk", "the Blind Cliffwalk study of PER Figures 1 and 2 (updates to convergence vs memory size)"),
+    ("dqn", "train Double DQN with uniform, PER, rank, LAP, PAL or hybrid replay (one run, or seeds in lockstep)"),
+    ("td3", "train TD3 with uniform, PER, LAP or PAL replay on MuJoCo (one run, or seeds in lockstep)"),
+    ("study", "run or resume a grid of DQN or TD3 runs (envs x variants x seeds), then plot it; study verify"),
+    ("plot", "learning curves and the table of 004 Table 2 for a study"),
+    ("bench", "time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)"),
+    ("bench-agents", "replay's cost inside the Double DQN loop per variant, and lockstep throughput"),
+    ("bench-td3", "TD3's run time with perx, cpprb and Tianshou buffers swapped in (004 Table 3)"),
+    ("bench-loop", "the buffer's time per step inside a TD3-style loop (fake env, real networks; CUDA if present)"),
+    ("supervised", "prioritized supervised learning on class-imbalanced digits (PER Sec. 6, Figure 5)"),
+    ("variants", "the priority variants of PER Appendix A on the linear Blind Cliffwalk"),
+    ("rank-tv", "total-variation distance of heap-mode rank-based sampling from the power law"),
+    ("apex", "Ape-X Double DQN on Ray: actors, a sharded prioritized replay, one learner (perx[ray])"),
+    ("theory", "check the loss/sampling equivalence (Fujimoto et al. 2020) exactly; plot the losses"),
+)
+_WIDTH = max(len(name) for name, _ in COMMANDS) + 2
+USAGE = ("usage: perx <command> [options]\n\ncommands:\n"
+         + "\n".join(f"  {name.ljust(_WIDTH)}{text}" for name, text in COMMANDS)
+         + "\n\nRun `perx <command> --help` for a command's options. Outputs go to runs/ (which git ignores) "
+           "unless --out says otherwise.")
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except BrokenPipeError:  # `perx --help | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python flushes stdout at exit: into the void, not the pipe
+        return 0
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0

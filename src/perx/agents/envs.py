@@ -21,6 +21,30 @@ import numpy as np
 MINATAR_GAMES = ("Breakout", "SpaceInvaders", "Asterix", "Freeway", "Seaquest")
 
 
+def check_env_id(env_id: str) -> None:
+    """Raise ValueError naming ``env_id`` unless :func:`make_env` can build it (a registered Gymnasium id, with
+    MinAtar's and ale-py's ids registered first); builds nothing."""
+    import gymnasium as gym
+
+    if env_id.startswith("MinAtar/"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import minatar.gym
+
+            minatar.gym.register_envs()
+    if env_id.startswith("ALE/"):
+        try:
+            import ale_py
+        except ImportError:
+            raise ValueError(f"env: {env_id!r} needs ale-py and opencv (pip install 'perx[atari]')") from None
+        gym.register_envs(ale_py)
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as err:
+        raise ValueError(f"env: unknown environment {env_id!r} ({err}); e.g. MinAtar/Breakout-v0 (MinAtar: "
+                         f"{', '.join(MINATAR_GAMES)}), ALE/Pong-v5, CartPole-v1") from None
+
+
 def make_env(env_id: str, *, max_episode_steps: int | None = None) -> Any:
     """A Gymnasium env for ``env_id`` (see the module docstring)."""
     import gymnasium as gym

@@ -83,7 +83,20 @@ def _coerce(field: dataclasses.Field, text: str) -> Any:
     return text
 
 
-def parse_overrides(pairs: list[str], config_class: type = DQNConfig) -> dict[str, Any]:
+class Parser(argparse.ArgumentParser):
+    """argparse, with a refusal on one line (the program, the argument and the value) and exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def refuse(prog: str, message: str):
+    """Exit with status 2 and one line naming what was refused (before anything is written)."""
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def parse_overrides(pairs: list[str], config_class: type = DQNConfig, prog: str = "perx") -> dict[str, Any]:
     """``key=value`` strings -> config fields, typed like the field."""
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     out = {}
@@ -91,10 +104,36 @@ def parse_overrides(pairs: list[str], config_class: type = DQNConfig) -> dict[st
         key, _, value = pair.partition("=")
         key = key.strip().replace("-", "_")
         if key not in fields or not _:
-            raise SystemExit(f"--set: expected field=value with a {config_class.__name__} field, got {pair!r}; "
-                             f"fields: {sorted(fields)}")
-        out[key] = _coerce(fields[key], value.strip())
+            refuse(prog, f"--set: expected FIELD=VALUE with a {config_class.__name__} field, got {pair!r}; "
+                         f"fields: {', '.join(sorted(fields))}")
+        try:
+            out[key] = _coerce(fields[key], value.strip())
+        except ValueError:
+            refuse(prog, f"--set: {key} takes a {fields[key].type}, got {value.strip()!r}")
     return out
+
+
+def check_configs(prog: str, configs: list[Any]) -> None:
+    """Refuse (exit 2, one line) what would fail or train nothing, before any file is written."""
+    from perx.agents.envs import check_env_id
+
+    first = configs[0]
+    try:
+        check_env_id(first.env_id)
+    except ValueError as err:
+        refuse(prog, f"--{err}")
+    if first.total_steps < 1:
+        refuse(prog, f"--steps: must be >= 1, got {first.total_steps}")
+    starts = getattr(first, "learning_starts", None) or getattr(first, "start_steps", 0)
+    if first.total_steps < starts:
+        name = "learning_starts" if hasattr(first, "learning_starts") else "start_steps"
+        refuse(prog, f"--steps: {first.total_steps} ends before the first update ({name} = {starts}): nothing would "
+                     f"be trained; give more steps or --set {name}=...")
+    for cfg in configs:
+        try:
+            cfg.settings()
+        except ValueError as err:
+            refuse(prog, str(err))
 
 
 def cell_overrides(spec: dict, name: str) -> dict[str, Any]:
@@ -304,6 +343,10 @@ def plot(root: Path, log=print) -> dict:
         cells = [f"{means[env][v][0]:.2f} ± {means[env][v][1]:.2f}" if v in means[env] else "-" for v in variants]
         lines.append(f"| {env} | " + " | ".join(cells) + " |")
     for ref in ("uniform", "per"):
+        if ref not in variants:  # say why instead of a table of dashes
+            lines += ["", f"(No gain over {ref}: this study has no {ref} runs.)"]
+            log(f"{root.name}: no gain over {ref} (no {ref} runs in this study)")
+            continue
         lines += ["", f"| gain over {ref} | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
         for stat in ("mean", "median"):
             cells = []
@@ -425,36 +468,50 @@ def _paired_lines(finals: dict, envs: list, variants: list, min_pairs: int = 5) 
 
 def dqn_main(argv: list[str] | None = None, prog: str = "perx dqn", agent_name: str = "dqn") -> int:
     config_class, train = agent(agent_name)
-    variants = importlib.import_module(config_class.__module__).VARIANTS
+    module = importlib.import_module(config_class.__module__)
     defaults = config_class()
-    parser = argparse.ArgumentParser(prog=prog, description=f"Train {agent_name.upper()} with a perx replay variant.")
-    parser.add_argument("--env", default=defaults.env_id)
-    parser.add_argument("--variant", default=defaults.variant, choices=sorted(variants))
-    presets = getattr(importlib.import_module(config_class.__module__), "PRESETS", None)
+    parser = Parser(prog=prog, description=f"Train {agent_name.upper()} with a perx replay variant "
+                    f"(docs/{agent_name}.md).")
+    parser.add_argument("--env", default=defaults.env_id, help=f"Gymnasium id (default {defaults.env_id}); "
+                        + ("MinAtar/<Game>-v0, ALE/<Game>-v5 or e.g. CartPole-v1" if agent_name == "dqn"
+                           else "a MuJoCo v5 task or Pendulum-v1"))
+    parser.add_argument("--variant", default=defaults.variant, choices=sorted(module.VARIANTS),
+                        help=f"replay variant (default {defaults.variant})")
+    presets = getattr(module, "PRESETS", None)
     if presets is not None:
         parser.add_argument("--preset", default=defaults.preset, choices=list(presets),
                             help="named settings: perx (defaults that learn with every variant), minatar (Young & "
                                  "Tian 2019), 000 (Schaul et al. 2016), 004 (Fujimoto et al. 2020); docs/dqn.md")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds, trained in lockstep")
-    parser.add_argument("--steps", type=int, default=None, help="total environment steps")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--out", default=f"results/{agent_name}", help="output folder (one subfolder per seed)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds, trained in lockstep (default 0)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"total environment steps (default {defaults.total_steps:,})")
+    parser.add_argument("--device", default="cpu", help="torch device of the networks (default cpu)")
+    parser.add_argument("--out", default=f"runs/{agent_name}",
+                        help=f"output folder, one subfolder per run (default runs/{agent_name}, which git ignores)")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
                         help=f"any {config_class.__name__} field")
     args = parser.parse_args(argv)
-    extra = parse_overrides(args.set, config_class)
+    extra = parse_overrides(args.set, config_class, prog)
     if args.steps is not None:
         extra["total_steps"] = args.steps
     if presets is not None:
         extra.setdefault("preset", args.preset)
-    configs = [config_class(env_id=args.env, variant=args.variant, seed=s, device=args.device, **extra)
-               for s in args.seeds]
+    try:
+        configs = [config_class(env_id=args.env, variant=args.variant, seed=s, device=args.device, **extra)
+                   for s in args.seeds]
+    except (ValueError, TypeError) as err:
+        refuse(prog, str(err))
+    check_configs(prog, configs)
     root = Path(args.out)
     dirs = [run_dir(root, c.env_id, label(c), c.seed) for c in configs]
     rows = train(configs, dirs, progress=True, log=print)
-    for c, r in zip(configs, rows, strict=True):
-        if r:
-            print(f"seed {c.seed}: final evaluation return {r[-1]['eval_return']:.2f} at step {int(r[-1]['step'])}")
+    for c, r, d in zip(configs, rows, dirs, strict=True):
+        if not r:
+            continue
+        last = r[-1]
+        trained = any(not math.isnan(row["loss"]) for row in r)
+        print(f"seed {c.seed}: final evaluation return {last['eval_return']:.2f} at step {int(last['step']):,}"
+              + ("" if trained else " (no update was made: the run ended before learning started)") + f"; {d}")
     return 0
 
 
@@ -515,37 +572,65 @@ def study_spec(args: argparse.Namespace) -> dict:
     return spec
 
 
+def find_study(name: str, results: str | None) -> Path:
+    """A study's folder: ``name`` itself if it is a folder, else ``<results>/<name>``; without ``results``,
+    ``runs/<name>`` (where studies run by default) if it exists, else ``results/<name>`` (the committed ones)."""
+    if Path(name).is_dir():
+        return Path(name)
+    if results is not None:
+        return Path(results) / name
+    for root in ("runs", "results"):
+        if (Path(root) / name).is_dir():
+            return Path(root) / name
+    return Path("runs") / name
+
+
 def study_main(argv: list[str] | None = None, prog: str = "perx study") -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "verify":
         from perx.experiments import verify
 
         return verify.main(argv[1:], prog=f"{prog} verify")
-    parser = argparse.ArgumentParser(prog=prog, description="Run (or resume) a grid of DQN runs.")
-    parser.add_argument("name", help="study name: results/<name>/ (or `verify <study>`: rerun and compare)")
+    parser = Parser(prog=prog, description="Run (or resume) a grid of DQN or TD3 runs, then plot it "
+                    "(docs/dqn.md). `perx study verify <study>` reruns its first steps and compares.")
+    parser.add_argument("name", help="study name: <results>/<name>/")
     parser.add_argument("--config", help="TOML file with agent, envs, variants, seeds, group and [config] fields")
     parser.add_argument("--agent", choices=("dqn", "td3"), help="default dqn (MinAtar); td3: MuJoCo")
-    parser.add_argument("--envs", nargs="+")
-    parser.add_argument("--variants", nargs="+")
+    parser.add_argument("--envs", nargs="+", help="Gymnasium ids (default: the TOML's, else MinAtar Breakout and "
+                        "SpaceInvaders)")
+    parser.add_argument("--variants", nargs="+", help="variants or cells (default: the TOML's, else all five)")
     parser.add_argument("--seeds", type=int, help="number of seeds (0..n-1)")
-    parser.add_argument("--steps", type=int)
+    parser.add_argument("--steps", type=int, help="environment steps per run")
     parser.add_argument("--group", type=int, help="runs per lockstep group (default: all runs of an env)")
-    parser.add_argument("--workers", type=int, default=2, help="processes (one torch thread each)")
-    parser.add_argument("--results", default="results")
+    parser.add_argument("--workers", type=int, default=2, help="processes (one torch thread each; default 2)")
+    parser.add_argument("--results", default="runs", help="folder of studies (default runs/, which git ignores; "
+                        "the committed studies are in results/: --results results regenerates them)")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="any DQNConfig field")
     args = parser.parse_args(argv)
+    if args.workers < 1:
+        refuse(prog, f"--workers: must be >= 1, got {args.workers}")
+    if args.seeds is not None and args.seeds < 1:
+        refuse(prog, f"--seeds: must be >= 1, got {args.seeds}")
+    if args.group is not None and args.group < 1:
+        refuse(prog, f"--group: must be >= 1, got {args.group}")
     root = Path(args.results) / args.name
-    run_study(root, study_spec(args), args.workers)
+    spec = study_spec(args)
+    for group in grid(spec):
+        check_configs(prog, group)
+    run_study(root, spec, args.workers)
     plot(root)
     return 0
 
 
 def plot_main(argv: list[str] | None = None, prog: str = "perx plot") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description="Curves and tables of a study.")
-    parser.add_argument("study", help="study name (results/<name>) or a folder")
-    parser.add_argument("--results", default="results")
+    parser = Parser(prog=prog, description="Curves and tables of a study (curves.png, table.md, final.csv in its "
+                    "folder).")
+    parser.add_argument("study", help="study name or folder: runs/<name> if it exists, else results/<name>")
+    parser.add_argument("--results", default=None, help="look for the study in this folder instead")
     args = parser.parse_args(argv)
-    root = Path(args.study) if Path(args.study).is_dir() else Path(args.results) / args.study
+    root = find_study(args.study, args.results)
+    if not root.is_dir():
+        refuse(prog, f"study: no folder {root} (nor {args.study!r} itself)")
     plot(root)
     return 0
 

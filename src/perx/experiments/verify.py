@@ -14,7 +14,6 @@ differently in groups of different sizes, so a run alone would not repeat its gr
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
@@ -151,20 +150,21 @@ def report(result: dict[str, Any], root: Path, steps: int | None) -> str:
 
 
 def main(argv: list[str] | None = None, prog: str = "perx study verify") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description="Rerun the first steps of a study's runs and "
+    parser = study.Parser(prog=prog, description="Rerun the first steps of a study's runs and "
                                      "compare them with its metrics.csv files (exit status 1 if any differ).")
     parser.add_argument("study", help="study name (results/<name>) or a folder")
     parser.add_argument("--steps", type=int, help="environment steps to rerun (default: to the first evaluation)")
     parser.add_argument("--groups", type=int, help="rerun a random sample of this many lockstep groups")
     parser.add_argument("--sample-seed", type=int, default=0, help="seed of the sample of groups")
-    parser.add_argument("--results", default="results")
+    parser.add_argument("--results", default=None, help="look for the study in this folder (default: runs/<study> "
+                        "if it exists, else results/<study>)")
     parser.add_argument("--out", help="also write the report (markdown) here")
     args = parser.parse_args(argv)
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps: must be >= 1, got {args.steps}")
     if args.groups is not None and args.groups < 1:
         parser.error(f"--groups: must be >= 1, got {args.groups}")
-    root = Path(args.study) if Path(args.study).is_dir() else Path(args.results) / args.study
+    root = study.find_study(args.study, args.results)
     result = verify(root, args.steps, args.groups, args.sample_seed)
     text = report(result, root, args.steps)
     print(text)
