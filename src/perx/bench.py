@@ -24,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -483,8 +484,12 @@ def format_table(result: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buffer.py") -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+#: Where ``perx bench`` writes its table unless ``--out`` says otherwise: a folder git ignores, so a run never
+#: replaces the committed results/bench.md (``--out results/bench.md`` does).
+DEFAULT_OUT = "runs/bench.md"
+
+
+def build_parser(prog: str = "python benchmarks/bench_buffer.py") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer blocks and calls (about a minute)")
     parser.add_argument("--sizes", type=int, nargs="+", default=None,
@@ -501,8 +506,14 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
     parser.add_argument("--only", nargs="+", default=None, choices=IMPLEMENTATIONS, metavar="NAME",
                         help="time only these implementations (fewer buffers, less cache interference); "
                              f"from: {', '.join(IMPLEMENTATIONS)}")
-    parser.add_argument("--out", default=None, help="also write the markdown table to this file")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="also write the markdown table to this file (default: %(default)s, which git ignores)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buffer.py") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(prog).parse_args(argv)
     if args.sizes is None:
         args.sizes = [100_000, 1_000_000] if args.quick else [1_000_000, 10_000_000]
     blocks = args.blocks or (7 if args.quick else 21)
@@ -523,9 +534,10 @@ def main(argv: list[str] | None = None, prog: str = "python benchmarks/bench_buf
         table += "\n" + format_episode_table(rows)
     print()
     print(table)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(table)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(table)
+    print(f"wrote {out}")
     return 0
 
 

@@ -1,6 +1,8 @@
 """Blind Cliffwalk learners, oracle and the `perx cliffwalk` runner (000 Sec. 3.1, App. B.1)."""
 
 import csv
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -181,3 +183,23 @@ def test_compiled_learner_equals_the_python_updates():
             b.update(s, act, d, float(w[i]))
         np.testing.assert_allclose(a.theta, b.theta, rtol=1e-12)
         assert mse == pytest.approx(b.mse(), rel=1e-12)
+
+
+def test_output_defaults_to_a_folder_git_ignores():
+    assert cw.DEFAULT_OUT == "runs/cliffwalk"
+    assert cw.build_parser().parse_args([]).out == "runs/cliffwalk"
+
+
+def test_plot_only_reads_and_writes_the_out_folder_and_nothing_else(tmp_path, monkeypatch):
+    """``--plot-only --out results/cliffwalk`` is how the committed figure is redrawn: from a copy of those runs
+    here, it writes summary.csv and the PNG beside them, and creates no default folder."""
+    committed = Path(__file__).resolve().parents[2] / "results" / "cliffwalk" / "runs.csv"
+    out = tmp_path / "committed"
+    out.mkdir()
+    shutil.copy(committed, out / "runs.csv")
+    monkeypatch.chdir(tmp_path)
+    assert cw.main(["--plot-only", "--out", str(out)]) == 0
+    assert (out / "summary.csv").stat().st_size > 0 and (out / "cliffwalk.png").stat().st_size > 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["committed"]  # no runs/ folder made
+    assert cw.main(["--plot-only"]) == 1  # no runs in runs/cliffwalk: refused, and nothing created
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["committed"]

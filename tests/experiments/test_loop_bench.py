@@ -46,3 +46,7 @@ def test_the_prioritized_buffer_receives_the_critics_errors():
     agent.train(buf, "per", 0.4)
     # new transitions hold priority 1; the 256 draws' priorities were rewritten by |delta| + eps
     assert not np.all(buf.buf.priorities(np.arange(64)) == 1.0)
+
+
+def test_output_defaults_to_a_folder_git_ignores():
+    assert loop_bench.build_parser().parse_args([]).out == loop_bench.DEFAULT_OUT == "runs/loop_bench.md"

@@ -36,3 +36,9 @@ def test_rank_tv_command_writes_csv_png_and_meta(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert meta["config"]["capacity"] == 2000
     assert (out / "summary.csv").read_text().count("\n") == 3  # header + 2 settings
+
+
+def test_output_defaults_to_a_folder_git_ignores():
+    from perx.experiments import rank_tv
+
+    assert rank_tv.build_parser().parse_args([]).out == rank_tv.DEFAULT_OUT == "runs/rank_tv"

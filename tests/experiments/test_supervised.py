@@ -70,3 +70,10 @@ def test_a_diverging_step_size_is_marked_and_not_selected():
 def test_the_figure_title_names_the_share_of_rare_digits_kept():
     assert supervised.keep_label(supervised.Config(keep=0.1)) == "0-4 kept at 10%: 11 of 106-110 training examples each"
     assert supervised.keep_label(supervised.Config()).startswith("0-4 kept at 1%: 1 of ")
+
+
+def test_output_defaults_to_a_folder_git_ignores(tmp_path, monkeypatch):
+    assert supervised.build_parser().parse_args([]).out == supervised.DEFAULT_OUT == "runs/supervised"
+    monkeypatch.chdir(tmp_path)
+    assert supervised.main(["--plot-only"]) == 1  # no runs in runs/supervised: refused, and nothing created
+    assert not any(tmp_path.iterdir())

@@ -60,3 +60,10 @@ def test_compare_adjusts_over_the_variants_but_not_the_base():
     raw = [table[name]["wilcoxon_p"] for name in ("uniform", "rank")]
     np.testing.assert_allclose([table[name]["holm_p"] for name in ("uniform", "rank")], v.holm(raw))
     assert table["uniform"]["holm_p"] == min(1.0, 2 * raw[0])  # two tests, equal p: both doubled
+
+
+def test_output_defaults_to_a_folder_git_ignores(tmp_path, monkeypatch):
+    assert v.build_parser().parse_args([]).out == v.DEFAULT_OUT == "runs/variants"
+    monkeypatch.chdir(tmp_path)
+    assert v.main(["--plot-only"]) == 1  # no runs in runs/variants: refused, and nothing created
+    assert not any(tmp_path.iterdir())

@@ -97,7 +97,12 @@ def table(result: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None, prog: str = "perx bench-agents") -> int:
+#: Where ``perx bench-agents`` writes its table unless ``--out`` says otherwise: a folder git ignores, so a run
+#: never replaces the committed results/agents_bench.md (``--out results/agents_bench.md`` does).
+DEFAULT_OUT = "runs/agents_bench.md"
+
+
+def build_parser(prog: str = "perx bench-agents") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="MinAtar/Breakout-v0")
     parser.add_argument("--steps", type=int, default=5000)
@@ -105,13 +110,20 @@ def main(argv: list[str] | None = None, prog: str = "perx bench-agents") -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--group", type=int, default=15)
     parser.add_argument("--lockstep-steps", type=int, default=2000)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="write the markdown table to this file too (default: %(default)s, which git ignores)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "perx bench-agents") -> int:
+    args = build_parser(prog).parse_args(argv)
     result = run(args.env, args.steps, args.rounds, args.workers, args.group, args.lockstep_steps)
     text = table(result, " ".join([prog, *(argv if argv is not None else sys.argv[1:])]))
     print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}")
     return 0
 
 

@@ -1,4 +1,7 @@
-"""``perx apex``: Ape-X Double DQN on a local Ray instance or an existing cluster (:mod:`perx.distributed.apex`)."""
+"""``perx apex``: Ape-X Double DQN on a local Ray instance or an existing cluster (:mod:`perx.distributed.apex`).
+
+Each run writes ``<out>/<env>/apex-<variant>/seed=<n>/`` with ``--out`` defaulting to ``runs/apex`` (git ignores it).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +10,13 @@ import os
 import time
 from pathlib import Path
 
+#: Where ``perx apex`` writes unless ``--out`` says otherwise: a folder git ignores, so no run (nor an interrupted
+#: one) touches a committed file.
+DEFAULT_OUT = "runs/apex"
 
-def main(argv: list[str] | None = None, prog: str = "perx apex") -> int:
-    from perx.distributed.apex import ApexConfig
-    from perx.experiments.study import parse_overrides, run_dir
+
+def build_parser(prog: str = "perx apex") -> argparse.ArgumentParser:
+    from perx.distributed.apex import ApexConfig  # needs ray: imported only when the command runs
 
     d = ApexConfig()
     parser = argparse.ArgumentParser(prog=prog, description="Ape-X Double DQN on Ray: N actors with local "
@@ -27,12 +33,20 @@ def main(argv: list[str] | None = None, prog: str = "perx apex") -> int:
                         help="join an existing Ray cluster (e.g. 'auto' or 'ray://head:10001'); default: start a "
                              "local one")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local Ray instance (default: all)")
-    parser.add_argument("--out", default="results/apex", help="output folder (env/variant/seed=N below it)")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="output folder, env/variant/seed=N below it (default: %(default)s, which git ignores)")
     parser.add_argument("--kill-shard-at", type=int, default=None,
                         help="fault drill: kill shard 0 at this step; Ray restarts it from its checkpoint")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="any ApexConfig field")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "perx apex") -> int:
+    from perx.distributed.apex import ApexConfig
+    from perx.experiments.study import parse_overrides, run_dir
+
+    args = build_parser(prog).parse_args(argv)
     extra = parse_overrides(args.set, ApexConfig)
     if args.steps is not None:
         extra["total_steps"] = args.steps

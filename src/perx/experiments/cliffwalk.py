@@ -33,8 +33,9 @@ Strategies (every sampled one goes through a perx sampler; priorities are set to
 Runs are capped at ``cap_factor`` x memory size updates (the oracles at ``oracle_cap_factor`` x); a capped
 run is reported as such, never silently truncated. The learners and the oracle's candidate search are
 compiled (numba); every draw still goes through a perx sampler (uniform draws in chunks of 4096: they do not
-depend on what was learned). Defaults: n = 2..16, the -is variants to n = 11. Results go to ``runs.csv`` (one
-row per method, n, seed, appended as each run finishes; ``--resume`` continues an interrupted study from it),
+depend on what was learned). Defaults: n = 2..16, the -is variants to n = 11. Results go to ``--out`` (default
+``runs/cliffwalk``, which git ignores; ``--out results/cliffwalk`` regenerates the committed study): ``runs.csv``
+(one row per method, n, seed, appended as each run finishes; ``--resume`` continues an interrupted study from it),
 ``summary.csv``, ``meta.json`` and ``cliffwalk.png``.
 """
 
@@ -520,8 +521,12 @@ def write_outputs(rows: list[dict], out: Path, cfg: Config, command: str) -> lis
     return summary
 
 
-def main(argv: list[str] | None = None, prog: str = "perx cliffwalk") -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+#: Where ``perx cliffwalk`` writes unless ``--out`` says otherwise: a folder git ignores, so an interrupted run
+#: never touches the committed study (``--out results/cliffwalk`` regenerates that one).
+DEFAULT_OUT = "runs/cliffwalk"
+
+
+def build_parser(prog: str = "perx cliffwalk") -> argparse.ArgumentParser:
     d = Config()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--n-min", type=int, default=d.n_min)
@@ -538,27 +543,36 @@ def main(argv: list[str] | None = None, prog: str = "perx cliffwalk") -> int:
     parser.add_argument("--bias", choices=("shared", "per-action"), default=d.bias,
                         help="bias feature of the linear representation")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes")
-    parser.add_argument("--out", default="results/cliffwalk", help="folder for runs.csv, summary.csv, PNG, meta")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="folder for runs.csv, summary.csv, PNG, meta (default: %(default)s, which git ignores; "
+                             "results/cliffwalk is the committed study)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the runs already in OUT/runs.csv and run only the missing ones")
-    parser.add_argument("--plot-only", action="store_true", help="redraw summary.csv and the PNG from runs.csv")
-    args = parser.parse_args(argv)
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw OUT/summary.csv and the PNG from OUT/runs.csv (no runs)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "perx cliffwalk") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(prog).parse_args(argv)
     cfg = Config(n_min=args.n_min, n_max=args.n_max, n_max_is=args.n_max_is, seeds=args.seeds,
                  methods=tuple(args.methods), alpha_rank=args.alpha_rank, alpha_prop=args.alpha_prop,
                  rank_segments=args.rank_segments, cap_factor=args.cap_factor,
                  oracle_cap_factor=args.oracle_cap_factor, bias=args.bias)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.csv"
     command = " ".join([prog, *argv])
-    if args.plot_only:
+    if args.plot_only:  # reads and writes OUT only, and creates nothing when OUT holds no runs
         rows = read_runs(runs_path)
         if not rows:
-            print(f"perx cliffwalk: no runs in {runs_path}", file=sys.stderr)
+            hint = " (the committed study: --out results/cliffwalk)" if args.out == DEFAULT_OUT else ""
+            print(f"perx cliffwalk: no runs in {runs_path}{hint}", file=sys.stderr)
             return 1
-        write_outputs(rows, out, cfg, command)
-        print(f"wrote {out}/summary.csv, cliffwalk.png from {len(rows)} runs")
+        print_table(write_outputs(rows, out, cfg, command))
+        print(f"wrote {out}/summary.csv, cliffwalk.png from {len(rows)} runs in {runs_path}")
         return 0
+    out.mkdir(parents=True, exist_ok=True)
     meta_path = out / "meta.json"
     learning = {k: v for k, v in asdict(cfg).items()
                 if k in ("alpha_rank", "alpha_prop", "rank_segments", "cap_factor", "oracle_cap_factor", "bias")}
@@ -593,10 +607,10 @@ def main(argv: list[str] | None = None, prog: str = "perx cliffwalk") -> int:
             f.flush()  # every finished run is on disk: an interrupted study resumes where it stopped
             rows.append(row)
     summary = write_outputs(rows, out, cfg, command)
-    print(f"\n{len(jobs)} runs in {time.perf_counter() - t0:.0f} s; wrote {out}/runs.csv, summary.csv, meta.json, "
-          "cliffwalk.png\n")
+    print(f"\n{len(jobs)} runs in {time.perf_counter() - t0:.0f} s\n")
     print_not_converged(rows)
     print_table(summary)
+    print(f"\nwrote {out}/runs.csv, summary.csv, meta.json, cliffwalk.png")  # last: where the results are
     return 0
 
 

@@ -204,18 +204,30 @@ def table(result: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None, prog: str = "perx bench-loop") -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+#: Where ``perx bench-loop`` writes its table unless ``--out`` says otherwise: a folder git ignores, so a run never
+#: replaces the committed results/loop_bench.md (``--out results/loop_bench.md`` does).
+DEFAULT_OUT = "runs/loop_bench.md"
+
+
+def build_parser(prog: str = "perx bench-loop") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1_000_000, help="transitions in the buffer before timing")
     p.add_argument("--steps", type=int, default=500, help="steps per round")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    p.add_argument("--out", default=None, help="write the markdown table here")
-    args = p.parse_args(argv)
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help="write the markdown table here too (default: %(default)s, which git ignores)")
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "perx bench-loop") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(prog).parse_args(argv)
     result = run(args.n, args.steps, args.rounds, args.device)
     md = table(result, " ".join([prog, *argv]))
     print(md)
-    if args.out:
-        Path(args.out).write_text(md)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(md)
+    print(f"wrote {out}")
     return 0

@@ -16,7 +16,8 @@ Every ``measure_every`` steps it computes three total-variation distances over t
   paper's piecewise-linear CDF alone, which no amount of sorting removes.
 
 Writes ``rank_tv.csv`` (one row per measurement), ``summary.csv`` (means per sort_every), ``meta.json``
-(configuration and versions) and ``rank_tv.png``.
+(configuration and versions), ``segments.csv`` and ``rank_tv.png`` to ``--out`` (default ``runs/rank_tv``,
+which git ignores; ``--out results/rank_tv`` regenerates the committed study).
 """
 
 from __future__ import annotations
@@ -165,8 +166,12 @@ def plot(summary: list[dict], cfg: Config, path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None, prog: str = "perx rank-tv") -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+#: Where ``perx rank-tv`` writes unless ``--out`` says otherwise: a folder git ignores, so an interrupted run
+#: never touches the committed study (``--out results/rank_tv`` regenerates that one).
+DEFAULT_OUT = "runs/rank_tv"
+
+
+def build_parser(prog: str = "perx rank-tv") -> argparse.ArgumentParser:
     d = Config()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--capacity", type=int, default=d.capacity, help="N stored transitions")
@@ -177,8 +182,15 @@ def main(argv: list[str] | None = None, prog: str = "perx rank-tv") -> int:
     parser.add_argument("--sort-every", type=int, nargs="+", default=list(d.sort_every),
                         help="values to compare (priority updates; 0 = never)")
     parser.add_argument("--seeds", type=int, default=d.seeds)
-    parser.add_argument("--out", default="results/rank_tv", help="folder for CSV, PNG and meta.json")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="folder for CSV, PNG and meta.json (default: %(default)s, which git ignores; "
+                             "results/rank_tv is the committed study)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "perx rank-tv") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(prog).parse_args(argv)
     cfg = Config(capacity=args.capacity, batch_size=args.batch_size, alpha=args.alpha, steps=args.steps,
                  measure_every=args.measure_every, sort_every=tuple(args.sort_every), seeds=args.seeds)
     out = Path(args.out)

@@ -17,10 +17,11 @@ Methods (every batch is drawn through a perx sampler over the training set):
                      (Sec. 6: "Prioritized sampling (uninformed, with alpha = 1, beta = 0)")
   prioritized-is     the same with IS weights at beta = 1
 
-Outputs: ``runs.csv`` (every evaluation of every run), ``summary.csv`` (selected step sizes, final errors),
+Outputs, in ``--out`` (default ``runs/supervised``, which git ignores; ``--out results/supervised`` regenerates the
+committed study): ``runs.csv`` (every evaluation of every run), ``summary.csv`` (selected step sizes, final errors),
 ``meta.json``, ``supervised.png`` (Figure 5: test errors and test loss against updates, median of the seeds;
 the title names the keep share and the rare-digit counts it gives). ``--plot-only`` redraws summary.csv and the
-PNG from ``runs.csv`` with the settings saved in ``meta.json``.
+PNG from ``runs.csv`` with the settings saved in ``meta.json``, all in ``--out``.
 """
 
 from __future__ import annotations
@@ -299,8 +300,12 @@ def write_outputs(rows: list[dict], cfg: Config, out: Path) -> list[dict]:
     return chosen
 
 
-def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+#: Where ``perx supervised`` writes unless ``--out`` says otherwise: a folder git ignores, so an interrupted run
+#: never touches the committed study (``--out results/supervised`` regenerates that one).
+DEFAULT_OUT = "runs/supervised"
+
+
+def build_parser(prog: str = "perx supervised") -> argparse.ArgumentParser:
     d = Config()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=d.updates)
@@ -310,19 +315,30 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
     parser.add_argument("--learning-rates", type=float, nargs="+", default=list(d.learning_rates))
     parser.add_argument("--methods", nargs="+", default=list(d.methods), choices=METHODS)
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--out", default="results/supervised")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="folder for runs.csv, summary.csv, meta.json, PNG (default: %(default)s, which git "
+                             "ignores; results/supervised is the committed study)")
     parser.add_argument("--resume", action="store_true", help="keep finished runs in OUT/runs.csv")
     parser.add_argument("--plot-only", action="store_true",
                         help="redraw summary.csv and the PNG from OUT/runs.csv with the settings in OUT/meta.json")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if not 0 < args.keep <= 1:
         parser.error(f"--keep: must lie in (0, 1], got {args.keep}")
     cfg = Config(updates=args.updates, eval_every=args.eval_every, seeds=args.seeds, keep=args.keep,
                  learning_rates=tuple(args.learning_rates), methods=tuple(args.methods))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.csv"
-    if args.plot_only:
+    if args.plot_only:  # reads and writes OUT only, and creates nothing when OUT holds no runs
+        if not runs_path.exists():
+            hint = " (the committed study: --out results/supervised)" if args.out == DEFAULT_OUT else ""
+            print(f"perx supervised: no runs in {runs_path}{hint}", file=sys.stderr)
+            return 1
         meta_path = out / "meta.json"
         if meta_path.exists():
             # redraw with the settings the runs were made with (the keep share in the title, the step
@@ -332,8 +348,13 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
             print(f"settings from {meta_path}: keep {cfg.keep:g}, {cfg.updates} updates, {cfg.seeds} seeds")
         rows = read_runs(runs_path)
         chosen = write_outputs(rows, cfg, out)
+        if not chosen:
+            print(f"perx supervised: no finished runs in {runs_path}; nothing written", file=sys.stderr)
+            return 1
         print_table(chosen)
+        print(f"\nwrote {out}/summary.csv, supervised.png from {runs_path}")
         return 0
+    out.mkdir(parents=True, exist_ok=True)
     if not args.resume and runs_path.exists():
         runs_path.unlink()
     rows = read_runs(runs_path)
@@ -360,8 +381,8 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
             f.flush()
             rows.extend(run_rows)
     chosen = write_outputs(rows, cfg, out)
-    print(f"wrote {out}/runs.csv, summary.csv, meta.json, supervised.png")
     print_table(chosen)
+    print(f"\nwrote {out}/runs.csv, summary.csv, meta.json, supervised.png")  # last: where the results are
     return 0
 
 

@@ -230,19 +230,31 @@ def table(result: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None, prog: str = "perx bench-td3") -> int:
+#: Where ``perx bench-td3`` writes its table unless ``--out`` says otherwise: a folder git ignores, so a run never
+#: replaces the committed results/td3_overhead.md (``--out results/td3_overhead.md`` does).
+DEFAULT_OUT = "runs/td3_overhead.md"
+
+
+def build_parser(prog: str = "perx bench-td3") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="Hopper-v5")
     parser.add_argument("--warmup", type=int, default=2000)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="write the markdown table to this file too (default: %(default)s, which git ignores)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "perx bench-td3") -> int:
+    args = build_parser(prog).parse_args(argv)
     result = run(args.env, args.warmup, args.steps, args.rounds)
     text = table(result, " ".join([prog, *(argv if argv is not None else sys.argv[1:])]))
     print(text)
-    if args.out:
-        Path(args.out).write_text(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}")
     return 0
 
 

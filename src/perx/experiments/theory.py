@@ -4,7 +4,8 @@ Prints one row per statement with the largest absolute error found (see :mod:`pe
 row comparing torch autograd gradients of every ``perx.torch`` loss with the analytic gradients of
 ``perx.losses`` (when torch is installed), and writes ``theory.csv``, ``meta.json`` and
 ``losses.png`` (loss shapes and gradients: MSE, Huber, PAL for two alphas, and the PER-equivalent
-loss for alpha = 0.6, beta = 0.4, whose power 2 + alpha - alpha beta = 2.36 exceeds 2).
+loss for alpha = 0.6, beta = 0.4, whose power 2 + alpha - alpha beta = 2.36 exceeds 2) to ``--out`` (default
+``runs/theory``, which git ignores; ``--out results/theory`` regenerates the committed ones).
 """
 
 from __future__ import annotations
@@ -89,11 +90,22 @@ def plot(path: Path) -> None:
     plt.close(fig)
 
 
+#: Where ``perx theory`` writes unless ``--out`` says otherwise: a folder git ignores, so a run never touches the
+#: committed results (``--out results/theory`` regenerates those).
+DEFAULT_OUT = "runs/theory"
+
+
+def build_parser(prog: str = "perx theory") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="folder for theory.csv, losses.png, meta.json (default: %(default)s, which git ignores; "
+                             "results/theory holds the committed ones)")
+    return parser
+
+
 def main(argv: list[str] | None = None, prog: str = "perx theory") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="results/theory", help="folder for theory.csv, losses.png, meta.json")
-    args = parser.parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()

@@ -19,7 +19,8 @@ parameters depend only on (seed, n), so every variant starts from the same memor
   rank                perx.RankBased(0.7, segments=32)
   rank-staleness      + Staleness(1 / N): every transition's priority grows by 1 per N updates unreplayed
 
-Outputs: ``runs.csv``, ``summary.csv`` (median updates to convergence per variant and n), ``meta.json``,
+Outputs, in ``--out`` (default ``runs/variants``, which git ignores; ``--out results/variants`` regenerates the
+committed study): ``runs.csv``, ``summary.csv`` (median updates to convergence per variant and n), ``meta.json``,
 ``variants.png`` and ``table.md`` (each variant against proportional at the largest n: paired Wilcoxon p, raw and
 Holm-adjusted over the family of those tests). ``--plot-only`` redraws all but runs.csv from runs.csv.
 """
@@ -238,8 +239,12 @@ def plot(summary: list[dict], path: Path, table: list[dict] | None = None) -> No
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None, prog: str = "perx variants") -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+#: Where ``perx variants`` writes unless ``--out`` says otherwise: a folder git ignores, so an interrupted run
+#: never touches the committed study (``--out results/variants`` regenerates that one).
+DEFAULT_OUT = "runs/variants"
+
+
+def build_parser(prog: str = "perx variants") -> argparse.ArgumentParser:
     d = Config()
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--n-min", type=int, default=d.n_min)
@@ -247,15 +252,27 @@ def main(argv: list[str] | None = None, prog: str = "perx variants") -> int:
     parser.add_argument("--seeds", type=int, default=d.seeds)
     parser.add_argument("--variants", nargs="+", default=list(d.variants), choices=VARIANTS)
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--out", default="results/variants")
-    parser.add_argument("--resume", action="store_true")
-    parser.add_argument("--plot-only", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="folder for runs.csv, summary.csv, table.md, meta.json, PNG (default: %(default)s, "
+                             "which git ignores; results/variants is the committed study)")
+    parser.add_argument("--resume", action="store_true", help="keep the runs already in OUT/runs.csv")
+    parser.add_argument("--plot-only", action="store_true",
+                        help="redraw OUT/summary.csv, table.md and the PNG from OUT/runs.csv (no runs)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "perx variants") -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser(prog).parse_args(argv)
     cfg = Config(n_min=args.n_min, n_max=args.n_max, seeds=args.seeds, variants=tuple(args.variants))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     runs_path = out / "runs.csv"
+    if args.plot_only and not runs_path.exists():  # --plot-only reads and writes OUT only; creates nothing
+        hint = " (the committed study: --out results/variants)" if args.out == DEFAULT_OUT else ""
+        print(f"perx variants: no runs in {runs_path}{hint}", file=sys.stderr)
+        return 1
     if not args.plot_only:
+        out.mkdir(parents=True, exist_ok=True)
         if not args.resume and runs_path.exists():
             runs_path.unlink()
         rows = read_runs(runs_path)
@@ -306,8 +323,8 @@ def main(argv: list[str] | None = None, prog: str = "perx variants") -> int:
     (out / "table.md").write_text("\n".join(lines) + "\n")
     wrote = "summary.csv, table.md, variants.png from runs.csv" if args.plot_only else \
         "runs.csv, summary.csv, table.md, meta.json, variants.png"
-    print(f"wrote {out}/{wrote}\n")
     print("\n".join(lines))
+    print(f"\nwrote {out}/{wrote}")  # last: where the results are
     return 0
 
 
