@@ -133,3 +133,33 @@ def test_command_output_defaults_to_a_folder_git_ignores(module, default, needs)
     mod = importlib.import_module(module)
     assert mod.DEFAULT_OUT == default
     assert mod.build_parser().parse_args([]).out == default
+
+
+def test_an_interrupted_run_leaves_git_status_clean(tmp_path):
+    pytest.importorskip("torch")
+    import shutil
+    import signal
+    import time
+    from pathlib import Path
+
+    repo = tmp_path / "project"
+    repo.mkdir()
+    shutil.copy(Path(__file__).resolve().parents[1] / ".gitignore", repo / ".gitignore")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], cwd=repo, check=True)
+    subprocess.run([*git, "add", ".gitignore"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "init"], cwd=repo, check=True)
+    run = subprocess.Popen([sys.executable, "-m", "perx.cli", "dqn", "--env", "CartPole-v1", "--steps", "100000",
+                            "--set", "learning_starts=100", "eval_every=200", "eval_episodes=1", "buffer_size=1000"],
+                           cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not list(repo.glob("runs/dqn/*/*/seed=0/checkpoint/state-*.pt")) and time.time() < deadline:
+            time.sleep(0.5)
+        assert list(repo.glob("runs/dqn/*/*/seed=0/metrics.csv")), "the run wrote nothing in 120 s"
+    finally:
+        run.send_signal(signal.SIGKILL)  # interrupted mid-run
+        run.wait()
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
+                            capture_output=True, text=True, check=True)
+    assert status.stdout == ""  # everything it wrote is under runs/, which git ignores
