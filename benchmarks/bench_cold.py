@@ -42,8 +42,8 @@ def run(n: int, batch_size: int, calls: int, seed: int = 0) -> dict[str, float]:
     evict = np.zeros(4 << 20)  # 32 MB
     floor = {k: v.copy() for k, v in data.items()}
     bufs = {name: perx.ReplayBuffer(n, sampler, seed=seed) for name, sampler in
-            (("perx.Uniform", perx.Uniform()), ("perx.Proportional", perx.Proportional(alpha=0.6)),
-             ("perx.Proportional out=", perx.Proportional(alpha=0.6)))}
+            (("perx.Uniform", perx.Uniform()), ("perx.Proportional", perx.Proportional(alpha=0.6, normalize="buffer")),
+             ("perx.Proportional out=", perx.Proportional(alpha=0.6, normalize="buffer")))}
     for buf in bufs.values():
         buf.extend(**data)
     pool = rng.random((64, batch_size))

@@ -38,7 +38,7 @@ def in_process(capacity: int, push: int, seconds: float) -> tuple[float, float]:
     import perx
 
     rng = np.random.default_rng(0)
-    buf = perx.ReplayBuffer(capacity, perx.Proportional(alpha=0.6), seed=0)
+    buf = perx.ReplayBuffer(capacity, perx.Proportional(alpha=0.6, normalize="buffer"), seed=0)
     data = transitions(push, rng)
     td = np.abs(rng.standard_normal(push)) + 0.1
     while len(buf) < capacity // 2:
@@ -86,7 +86,7 @@ def cell(shards: int, actors: int, capacity: int, push: int, seconds: float, pre
     import perx
     from perx.distributed import ShardedReplay
 
-    replay = ShardedReplay(shards, capacity, perx.Proportional(alpha=0.6), seed=0)
+    replay = ShardedReplay(shards, capacity, perx.Proportional(alpha=0.6, normalize="buffer"), seed=0)
     rng = np.random.default_rng(1)
     # half full before timing, as in the in-process reference
     for k in range(shards):

@@ -47,6 +47,9 @@ SAMPLERS = {
     "proportional": lambda: perx.Proportional(alpha=0.6),
     "proportional-independent": lambda: perx.Proportional(alpha=0.6, stratified=False),
     "proportional-batchnorm": lambda: perx.Proportional(alpha=0.7, normalize="batch"),
+    # 000 Sec. 3.4's literal normalisation by the buffer-wide largest weight (the default is the batch's)
+    "proportional-buffernorm": lambda: perx.Proportional(alpha=0.7, normalize="buffer"),
+    "rank-buffernorm": lambda: perx.RankBased(alpha=0.7, normalize="buffer"),
     "proportional-buffermax": lambda: perx.Proportional(alpha=0.5, max_priority="buffer"),
     "rank": lambda: perx.RankBased(alpha=0.7),
     "rank-sort-often": lambda: perx.RankBased(alpha=0.5, sort_every=7),

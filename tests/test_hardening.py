@@ -207,7 +207,7 @@ def test_masses_that_underflow_to_zero_give_a_clear_error_not_nan():
 
 def test_weights_spanning_six_hundred_orders_of_magnitude_do_not_underflow():
     """(m_i / m_min)^-beta overflows in the ratio; computed in log space it is exact."""
-    buf = filled(perx.Proportional(alpha=1.0, eps=0.0, stratified=False), capacity=2)
+    buf = filled(perx.Proportional(alpha=1.0, eps=0.0, stratified=False, normalize="buffer"), capacity=2)
     buf.set_priorities([0, 1], [1e300, 1e-300])
     batch = buf.sample(16, beta=0.5)
     assert (batch.indices == 0).all()

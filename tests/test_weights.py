@@ -93,3 +93,24 @@ def test_importance_weights_refuses_bad_arguments(kwargs, match):
     args = {"probabilities": [0.1, 0.2], "size": 10, "beta": 0.5, "normalize": "batch"} | kwargs
     with pytest.raises(ValueError, match=match):
         perx.importance_weights(**args)
+
+
+def test_a_batch_of_collapsed_weights_warns_and_a_healthy_one_does_not():
+    import warnings
+
+    # 000 Sec. 3.4's buffer-wide maximum with one transition at the priority floor: every sampled weight tiny
+    buf = perx.ReplayBuffer(100, perx.Proportional(alpha=0.6, eps=1e-10, normalize="buffer"), seed=0)
+    buf.extend(x=np.arange(100.0))
+    buf.update_priorities(np.arange(100), np.r_[0.0, np.full(99, 1.0)])  # one |delta| = 0: priority 1e-10
+    batch = buf.sample(32, beta=1.0)
+    assert batch.weights.max() < 1e-3  # (1 / 1e-10)^(-0.6): 1.6e-6
+    with pytest.warns(perx.WeightScaleWarning, match="normalize='batch'"):
+        assert perx.check_weight_scale(batch.weights, where="test")
+    buf = perx.ReplayBuffer(100, perx.Proportional(alpha=0.6, eps=1e-10), seed=0)  # the default: the batch's max
+    buf.extend(x=np.arange(100.0))
+    buf.update_priorities(np.arange(100), np.r_[0.0, np.full(99, 1.0)])
+    weights = buf.sample(32, beta=1.0).weights
+    assert weights.max() == 1.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not perx.check_weight_scale(weights)

@@ -12,7 +12,7 @@ from perx.samplers import LAP, Greedy, Hybrid, Proportional, RankBased, Sampler,
 from perx.schedules import LinearSchedule
 from perx.storage import FieldSpec, Storage
 from perx.trees import MaxTree, MinTree, SumTree
-from perx.weights import importance_weights
+from perx.weights import WeightScaleWarning, check_weight_scale, importance_weights
 
 __version__ = "0.1.0"
 
@@ -34,7 +34,9 @@ __all__ = [
     "Storage",
     "SumTree",
     "Uniform",
+    "WeightScaleWarning",
     "__version__",
+    "check_weight_scale",
     "importance_weights",
     "losses",
     "priorities",

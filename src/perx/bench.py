@@ -250,11 +250,16 @@ def _build(data, n, rng, peers, skipped, only=None) -> list[Impl]:
     builders = [
         ("floor", lambda: _floor(data, n, rng)),
         ("perx.Uniform", lambda: _perx(perx.Uniform(), "perx.Uniform", data, n, rng)),
-        ("perx.Proportional", lambda: _perx(perx.Proportional(alpha=0.6), "perx.Proportional", data, n, rng)),
-        ("perx.Proportional out=", lambda: _perx(perx.Proportional(alpha=0.6), "perx.Proportional out=", data, n,
+        # buffer-wide IS normalisation: the committed tables' setting (000 Sec. 3.4)
+        ("perx.Proportional", lambda: _perx(perx.Proportional(alpha=0.6, normalize="buffer"), "perx.Proportional",
+                                            data, n, rng)),
+        ("perx.Proportional out=", lambda: _perx(perx.Proportional(alpha=0.6, normalize="buffer"),
+                                                 "perx.Proportional out=", data, n,
                                                  rng, reuse=True)),
-        ("perx.RankBased", lambda: _perx(perx.RankBased(alpha=0.7), "perx.RankBased", data, n, rng)),
-        ("perx.RankBased exact", lambda: _perx(perx.RankBased(alpha=0.7, exact=True), "perx.RankBased exact",
+        ("perx.RankBased", lambda: _perx(perx.RankBased(alpha=0.7, normalize="buffer"), "perx.RankBased", data, n,
+                                         rng)),
+        ("perx.RankBased exact", lambda: _perx(perx.RankBased(alpha=0.7, exact=True, normalize="buffer"),
+                                               "perx.RankBased exact",
                                                data, n, rng)),
         ("perx.Greedy", lambda: _perx(perx.Greedy(), "perx.Greedy", data, n, rng)),
     ]
@@ -364,7 +369,7 @@ def episode_run(n_vec: int = 1_000_000, n_frames: int = 100_000, batch_sizes=(32
     for group, n, shape, dtype, layouts in groups:
         bufs = {}
         for name, episodes in layouts:
-            buf = perx.ReplayBuffer(n, perx.Proportional(alpha=0.6), seed=0, episodes=episodes)
+            buf = perx.ReplayBuffer(n, perx.Proportional(alpha=0.6, normalize="buffer"), seed=0, episodes=episodes)
             _episode_fill(buf, n, shape, dtype, shape[0] if len(shape) == 3 else None, np.random.default_rng(1))
             bufs[name] = buf
         pool = rng.random((UPDATE_POOL, max(batch_sizes)))
@@ -401,10 +406,10 @@ def format_episode_row(row: dict) -> str:
 
 def format_episode_table(rows: list[dict]) -> str:
     lines = ["## Episodic storage: n-step windows, observations stored once", "",
-             "Sample+update with `perx.Proportional(alpha=0.6)` (beta = 0.4) on buffers filled with one stream of "
-             "episodes of 1000 steps; ratio = time / the first layout of its group in the same run (interleaved "
-             "blocks, medians). Bytes per transition: the buffer's fields and episode links and observation "
-             "stores, without the sampler's own arrays.", "",
+             "Sample+update with `perx.Proportional(alpha=0.6, normalize='buffer')` (beta = 0.4) on buffers "
+             "filled with one stream of episodes of 1000 steps; ratio = time / the first layout of its group in "
+             "the same run (interleaved blocks, medians). Bytes per transition: the buffer's fields and episode "
+             "links and observation stores, without the sampler's own arrays.", "",
              "| observations | layout | N | B | sample+update | ratio | bytes per transition |",
              "|---|---|---|---|---|---|---|"]
     lines += [format_episode_row(r) for r in rows]

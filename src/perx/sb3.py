@@ -14,7 +14,8 @@ Tested against stable-baselines3 2.9 (``pip install "perx[sb3]"``). Two pieces:
   replay   sampling                               loss
   ======== ====================================== ===================================================
   uniform  uniform                                SB3's own (Huber for DQN, MSE for TD3/SAC)
-  per      proportional, alpha 0.6, eps 1e-10     SB3's loss weighted by (N P)^-beta / max, beta 0.4->1
+  per      proportional, alpha 0.6, eps 1e-6      SB3's loss weighted by (N P)^-beta / the batch's max,
+                                                  beta 0.4 -> 1
   rank     rank-based, alpha 0.7                  as per, beta 0.5 -> 1 (000 Table 3)
   lap      max(|delta|, kappa)^alpha, no IS       Huber with threshold kappa (004 eq. 9/29-30)
   pal      uniform                                PAL (004 eq. 10/31)
@@ -22,6 +23,12 @@ Tested against stable-baselines3 2.9 (``pip install "perx[sb3]"``). Two pieces:
 
   alpha for LAP and PAL is 0.6 with DQN and 0.4 with TD3/SAC; kappa is 1 by default (004 uses 0.01 for
   Atari DQN); both can be set. A sampler instance can be passed as ``replay`` too.
+
+  Defaults differ on purpose: ``DQN`` uses ``replay="per"`` (000's algorithm), ``TD3`` and ``SAC`` use
+  ``"lap"``, because with their MSE critic loss PER is what 004 found harmful (004 Sec. 5 and Table 1: PER below
+  TD3 on most MuJoCo tasks) and LAP is 004's remedy. IS weights are divided by the batch's largest weight, with
+  priority floor 1e-6, as perx's samplers and agents do by default; a batch whose weights are all below 1e-3
+  (possible only with a sampler passed in with ``normalize="buffer"``) raises ``perx.WeightScaleWarning``.
 
 The switch from SB3 is three lines::
 
@@ -204,7 +211,9 @@ class _PerxAlgorithm:
             if name == "uniform" or name == "pal":
                 sampler = perx.Uniform()
             elif name == "per":
-                sampler = perx.Proportional(alpha=alpha or 0.6, eps=1e-10)
+                # perx's defaults: eps 1e-6, weights divided by the batch's largest (docs/dqn.md, "Why PER
+                # collapsed": 1e-10 and the buffer-wide maximum shrank every weight to ~1e-3..1e-6)
+                sampler = perx.Proportional(alpha=alpha or 0.6)
             elif name == "rank":
                 sampler = perx.RankBased(alpha=alpha or 0.7)
             elif name == "lap":
@@ -232,7 +241,10 @@ class _PerxAlgorithm:
         return float(start + (end - start) * min(max(done, 0.0), 1.0))
 
     def _sample(self, batch_size: int) -> PerxReplayBufferSamples:
-        return self.replay_buffer.sample(batch_size, env=self._vec_normalize_env, beta=self._beta())
+        data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env, beta=self._beta())
+        if self.replay in ("per", "rank", "custom"):
+            perx.check_weight_scale(data.weights, where=f"perx.sb3.{type(self).__name__}")
+        return data
 
     def _loss(self, current: th.Tensor, target: th.Tensor, weights: th.Tensor, default) -> th.Tensor:
         """One critic's loss for the configured variant; ``default`` is SB3's elementwise loss."""

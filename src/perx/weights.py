@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from perx._validation import check_choice, check_real
+
+
+class WeightScaleWarning(UserWarning):
+    """Every IS weight of a batch is far below 1, so the loss (and, with an optimiser whose eps exceeds the
+    gradients, the update) shrinks by the same factor: what made PER collapse in docs/dqn.md."""
+
+
+def check_weight_scale(weights, *, threshold: float = 1e-3, where: str = "") -> bool:
+    """Warn (:class:`WeightScaleWarning`) when the largest IS weight of a batch is below ``threshold``; returns
+    whether it did. With weights divided by the buffer-wide maximum (``normalize="buffer"``, 000 Sec. 3.4)
+    one stored transition whose priority fell to the floor eps sets that maximum, and every sampled weight
+    is then (p_i / p_min)^(-alpha beta): below 1e-3 for p_i / p_min above 1e5 at alpha 0.6, beta 1. Cost:
+    one pass over the B weights (any array or tensor with ``max``)."""
+    top = float(weights.max()) if len(weights) else 1.0
+    if top >= threshold:
+        return False
+    warnings.warn(f"{where + ': ' if where else ''}every IS weight of this batch is below {top:.1e} (threshold "
+                  f"{threshold:g}): the loss is scaled down by that factor. With normalize='buffer' one transition "
+                  f"at the priority floor sets the maximum weight; use normalize='batch' (perx's default) or a "
+                  f"larger eps (docs/dqn.md, 'Why PER collapsed')", WeightScaleWarning, stacklevel=2)
+    return True
 
 
 def importance_weights(probabilities, size: int, beta: float, *, normalize: str | None = "buffer",

@@ -10,7 +10,7 @@ from tests.conftest import filled
 def test_lap_is_a_configuration_of_proportional():
     s = perx.LAP(alpha=0.4, kappa=1.0)
     assert type(s) is perx.Proportional
-    assert s.config() | {} == {"alpha": 0.4, "eps": 0.0, "stratified": True, "normalize": "buffer",
+    assert s.config() | {} == {"alpha": 0.4, "eps": 0.0, "stratified": True, "normalize": "batch",
                                "max_priority": "historical", "min_priority": 1.0,
                                "importance_sampling": False}
 

@@ -392,6 +392,9 @@ class Runs(LockstepRuns):
         actions = self.stack(batches, "action", torch.long)
         y = double_dqn_target(self.q, self.target, next_obs, self.stack(batches, "return"),
                               self.stack(batches, "discount"))
+        if self.updates % 1000 == 0:  # now and then (a pass over the weights): warn if they all collapsed
+            for r, b in enumerate(batches):
+                perx.check_weight_scale(b.weights, where=f"{self.configs[r].variant} seed {self.configs[r].seed}")
         weights = torch.as_tensor(np.stack([b.weights for b in batches]), dtype=torch.float32, device=self.device)
         q_sa = self.q(obs).gather(-1, actions.unsqueeze(-1)).squeeze(-1)  # [R, B]
         delta = q_sa - y

@@ -102,7 +102,8 @@ def make_sampler(cfg: TD3Config) -> perx.Sampler:
     if s["sampler"] == "uniform":
         return perx.Uniform()
     if s["sampler"] == "proportional":
-        return perx.Proportional(alpha=s["alpha"], eps=s.get("eps", 1e-6))
+        # the committed MuJoCo study's setting (buffer-wide normalisation); 004's per-batch one is issue 41's preset
+        return perx.Proportional(alpha=s["alpha"], eps=s.get("eps", 1e-6), normalize="buffer")
     return perx.LAP(alpha=s["alpha"], kappa=s["kappa"])
 
 

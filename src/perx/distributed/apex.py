@@ -46,7 +46,9 @@ from perx.distributed.replay import MAX_SHARDS, ShardedReplay, _restarted
 #: variant -> (sampler factory, Huber threshold kappa, initial beta); 000 Sec. 3-4 and 004 Sec. 5
 VARIANTS = {
     "uniform": (lambda c: perx.Uniform(), 1.0, 1.0),
-    "per": (lambda c: perx.Proportional(alpha=c.alpha, eps=1e-6), 1.0, None),
+    # buffer-wide IS normalisation over the union of the shards (docs/distributed.md), as before the samplers'
+    # default became the batch's maximum
+    "per": (lambda c: perx.Proportional(alpha=c.alpha, eps=1e-6, normalize="buffer"), 1.0, None),
     "lap": (lambda c: perx.LAP(alpha=c.alpha, kappa=c.kappa), None, 1.0),
 }
 

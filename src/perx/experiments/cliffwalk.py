@@ -335,9 +335,10 @@ def _sampler(method: str, cfg: Config):
     if method.startswith("greedy"):
         return perx.Greedy()
     if method.startswith("rank"):
-        return perx.RankBased(alpha=cfg.alpha_rank, segments=cfg.rank_segments)
+        # IS weights normalised by the buffer-wide maximum (000 Sec. 3.4), as the committed study ran them
+        return perx.RankBased(alpha=cfg.alpha_rank, segments=cfg.rank_segments, normalize="buffer")
     if method.startswith("proportional"):
-        return perx.Proportional(alpha=cfg.alpha_prop)
+        return perx.Proportional(alpha=cfg.alpha_prop, normalize="buffer")
     raise ValueError(f"method: unknown {method!r}")
 
 

@@ -89,7 +89,7 @@ def make(name: str, capacity: int, seed: int):
     if name.removesuffix(" out=") == "perx.Uniform":
         return _Perx(perx.Uniform(), capacity, seed, reuse)
     if name.removesuffix(" out=") == "perx.Proportional":
-        return _Perx(perx.Proportional(alpha=0.6), capacity, seed, reuse)
+        return _Perx(perx.Proportional(alpha=0.6, normalize="buffer"), capacity, seed, reuse)
     if name == "cpprb PER":
         return _Cpprb(capacity)
     raise ValueError(f"name: unknown buffer {name!r}")

@@ -129,7 +129,8 @@ def _sampler(method: str):
     if method in ("uniform", "informed"):
         return perx.Uniform()
     if method in ("prioritized", "prioritized-is"):
-        return perx.Proportional(alpha=1.0, eps=1e-6)
+        # 000 Sec. 3.4 as the committed study ran it (the sampler default became the batch maximum later)
+        return perx.Proportional(alpha=1.0, eps=1e-6, normalize="buffer")
     raise ValueError(f"method: must be one of {METHODS}, got {method!r}")
 
 

@@ -81,7 +81,7 @@ def make_buffer(name: str, obs_dim: int, act_dim: int, capacity: int, seed: int)
     if name == "uniform":
         return PerxBuffer(perx.Uniform(), capacity, seed)
     if name == "perx per":
-        return PerxBuffer(perx.Proportional(alpha=0.6, eps=1e-10), capacity, seed)
+        return PerxBuffer(perx.Proportional(alpha=0.6, eps=1e-10, normalize="buffer"), capacity, seed)
     if name == "perx lap":
         return PerxBuffer(perx.LAP(alpha=0.4, kappa=1.0), capacity, seed)
     if name == "perx pal":

@@ -261,8 +261,10 @@ class Proportional(Sampler):
         eps: added to |delta| so no transition's probability collapses to 0 (000 Sec. 3.3). >= 0.
         stratified: one draw in each of B equal ranges of the total mass (000 App. B.2.1; default),
             or B independent draws (``False``).
-        normalize: IS weights divided by the buffer-wide maximum weight, from the min tree
-            (``"buffer"``, default, 000 Sec. 3.4), or by the maximum within the batch (``"batch"``).
+        normalize: IS weights divided by the maximum within the batch (``"batch"``, default, as the 004
+            and Dopamine code), or by the buffer-wide maximum weight from the min tree (``"buffer"``, 000
+            Sec. 3.4). With ``"buffer"`` one transition at the priority floor sets the maximum and every
+            weight shrinks with it (docs/dqn.md, "Why PER collapsed").
         max_priority: priority given to new transitions. ``"historical"`` (default): the largest
             priority ever assigned, starting at 1 (000 Alg. 1 line 2; see below), as in Dopamine and the
             LAP/PAL reference code; it never decreases. ``"buffer"``: the largest priority among the
@@ -283,7 +285,7 @@ class Proportional(Sampler):
     name = "Proportional"
 
     def __init__(self, alpha: float = 0.6, eps: float = 1e-6, *, stratified: bool = True,
-                 normalize: str = "buffer", max_priority: str = "historical", min_priority: float = 0.0,
+                 normalize: str = "batch", max_priority: str = "historical", min_priority: float = 0.0,
                  importance_sampling: bool = True, seed: int | None = None) -> None:
         super().__init__(seed=seed)
         self.alpha = check_real(alpha, "alpha", low=0.0)

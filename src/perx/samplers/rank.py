@@ -260,7 +260,7 @@ class RankBased(_HeapSampler):
     name = "RankBased"
 
     def __init__(self, alpha: float = 0.7, *, segments: int | None = None, sort_every: int | None = None,
-                 exact: bool = False, normalize: str = "buffer", seed: int | None = None) -> None:
+                 exact: bool = False, normalize: str = "batch", seed: int | None = None) -> None:
         super().__init__(seed=seed)
         self.alpha = check_real(alpha, "alpha", low=0.0)
         self.n_segments = check_optional_positive_int(segments, "segments")
