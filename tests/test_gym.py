@@ -97,17 +97,98 @@ def test_each_sub_env_keeps_its_own_episode_stream_for_n_step_returns():
         assert batch["discount"][row] == (0.0 if batch["terminated"][row] else 0.5**k)
 
 
-def test_dict_observations_are_refused_clearly():
-    class Dict(Counter):
-        observation_space = gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (2,))})
+class DictCounter(Counter):
+    """Counter with a Dict observation: "pos" = [sub-env, episode, t] (float32[3]) and "t" (an int64 scalar)."""
+
+    observation_space = gym.spaces.Dict({"pos": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
+                                         "t": gym.spaces.Box(0, 1000, (), np.int64)})
+
+    def _obs(self):
+        return {"pos": np.array([self.index, self.episode, self.t], np.float32), "t": np.int64(self.t)}
+
+
+DICT_LAYOUTS = {"plain": None, "stored": dict(next_obs="stored"), "shared": dict(next_obs="shared"),
+                "frames": dict(frame_stack=3)}
+
+
+@pytest.mark.parametrize("mode", list(AutoresetMode))
+@pytest.mark.parametrize("layout", sorted(DICT_LAYOUTS))
+def test_dict_observations_are_stored_key_by_key_in_every_autoreset_mode(mode, layout):
+    """A vector env with a Dict observation space (and, for "frames", Gymnasium's FrameStackObservation stacking
+    every key of it): the same real transitions as with arrays, each key in its own shape, n-step windows inside
+    their episodes."""
+    from gymnasium.wrappers import FrameStackObservation
+
+    cfg = DICT_LAYOUTS[layout]
+    k = (cfg or {}).get("frame_stack")
+    eps = perx.Episodes(n_step=3, gamma=0.5, streams=3, **cfg) if cfg is not None else None
+    buf = perx.ReplayBuffer(1000, episodes=eps)
+    LOG.clear()
+    wrap = (lambda env: FrameStackObservation(env, k)) if k else (lambda env: env)
+    envs = SyncVectorEnv([lambda i=i: wrap(DictCounter(i)) for i in range(3)], autoreset_mode=mode)
+    rec = perx.gym.VectorRecorder(buf, envs)
+    rec.reset(seed=0)
+    for _ in range(40):
+        _, _, term, trunc, _ = rec.step(np.zeros(3, np.int64))
+        if mode == AutoresetMode.DISABLED and (term | trunc).any():
+            rec.reset(options={"reset_mask": term | trunc})
+    batch = buf.get(np.arange(len(buf)))
+    obs, nxt = batch["obs"], batch["next_obs"]
+    assert set(obs) == {"pos", "t"} and obs["t"].dtype == np.int64 and obs["pos"].dtype == np.float32
+    frames = (k,) if k else ()
+    assert obs["pos"].shape == (len(buf), *frames, 3) and nxt["t"].shape == (len(buf), *frames)
+    pos, t = (obs["pos"][:, -1], obs["t"][:, -1]) if k else (obs["pos"], obs["t"])
+    npos, nt = (nxt["pos"][:, -1], nxt["t"][:, -1]) if k else (nxt["pos"], nxt["t"])
+    np.testing.assert_array_equal(pos[:, 2], t)
+    if eps is None:  # one-step transitions: exactly the environment's real steps, each once
+        np.testing.assert_array_equal(pos[:, :2], npos[:, :2])
+        np.testing.assert_array_equal(npos[:, 2], pos[:, 2] + 1)
+        np.testing.assert_array_equal(nt, npos[:, 2])
+        stored = sorted(zip(npos[:, 0].astype(int).tolist(), npos[:, 1].astype(int).tolist(),
+                            npos[:, 2].astype(int).tolist(), batch["terminated"].tolist(),
+                            batch["truncated"].tolist(), strict=True))
+        assert stored == sorted(LOG)
+    else:  # 3-step windows: they stay inside their episode, ended by it or cut at the write head
+        for row in range(len(buf)):
+            i, episode, step = pos[row].astype(int)
+            length = Counter.LENGTHS[i][episode % 3]
+            steps = batch["steps"][row]
+            assert tuple(npos[row].astype(int)) == (i, episode, step + steps) and nt[row] == step + steps
+            reached = max(tt for ii, ee, tt, *_ in LOG if (ii, ee) == (i, episode))
+            assert steps == min(3, length - step, reached - step)
+            assert batch["return"][row] == pytest.approx(sum(0.5**j * (step + 1 + j) for j in range(steps)))
+        if k:  # every key's stack is padded with the episode's first frame and shifted by one frame a step
+            np.testing.assert_array_equal(obs["t"], np.maximum(t[:, None] + np.arange(1 - k, 1), 0))
+            np.testing.assert_array_equal(obs["pos"][:, :, 2], obs["t"])
+            np.testing.assert_array_equal(nxt["t"], np.maximum(nt[:, None] + np.arange(1 - k, 1), 0))
+        assert len(buf) == len(LOG)
+    assert rec.transitions == len(LOG)
+
+
+def test_nested_dict_observations_are_refused_clearly():
+    class Nested(Counter):
+        observation_space = gym.spaces.Dict({"a": gym.spaces.Dict({"b": gym.spaces.Box(-1, 1, (2,))})})
 
         def reset(self, *, seed=None, options=None):
-            return {"a": np.zeros(2, np.float32)}, {}
+            return {"a": {"b": np.zeros(2, np.float32)}}, {}
 
-    envs = SyncVectorEnv([lambda: Dict(0)])
+    envs = SyncVectorEnv([lambda: Nested(0)])
     rec = perx.gym.VectorRecorder(perx.ReplayBuffer(10), envs)
-    with pytest.raises(TypeError, match="Dict observations"):
+    with pytest.raises(TypeError, match="nested Dict observations"):
         rec.reset()
+
+
+def test_one_buffer_per_sub_env_with_dict_observations():
+    bufs = [perx.ReplayBuffer(100, episodes=perx.Episodes(n_step=2, next_obs="shared")) for _ in range(3)]
+    LOG.clear()
+    envs = SyncVectorEnv([lambda i=i: DictCounter(i) for i in range(3)], autoreset_mode=AutoresetMode.SAME_STEP)
+    rec = perx.gym.VectorRecorder(bufs, envs)
+    rec.reset(seed=0)
+    for _ in range(20):
+        rec.step(np.zeros(3, np.int64))
+    for i, buf in enumerate(bufs):
+        batch = buf.get(np.arange(len(buf)))
+        assert (batch["obs"]["pos"][:, 0] == i).all() and len(buf) == sum(1 for entry in LOG if entry[0] == i)
 
 
 def test_too_few_streams_are_refused():

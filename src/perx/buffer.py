@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from perx import _atomic
+from perx._nested import _NOT_DICT, DictLayout, check_keys, dict_keys, flat_name, is_dict
 from perx._validation import (
     _short,
     as_index_array,
@@ -30,7 +31,7 @@ from perx._validation import (
     check_capacity,
     check_real,
 )
-from perx.episodes import Episodes, EpisodeStore
+from perx.episodes import RESERVED, DictEpisodeStore, Episodes, EpisodeStore
 from perx.samplers.base import FLOAT64 as _FLOAT64
 from perx.samplers.base import INT64 as _INT64
 from perx.samplers.base import Sampler, check_sampler, make_generator
@@ -43,17 +44,22 @@ _int64 = np.int64
 
 FORMAT = "perx.ReplayBuffer"
 #: Version 2 (perx 0.2) saves only primary sampler state (no tree nodes) and RankBased's segment cache.
-FORMAT_VERSION = 2
+#: Version 3 adds ``dict_fields`` (dict fields: their keys, shapes and dtypes); a buffer without dict fields is
+#: still saved as version 2, so that earlier perx reads it, and earlier perx refuses files it would misread.
+FORMAT_VERSION = 3
 
 
 class Batch(Mapping):
     """A sampled batch: ``batch["obs"]`` etc. ([B, *shape] arrays), plus metadata.
 
+    A dict field (``obs={"observation": ..., "desired_goal": ...}``) comes back as a dict of [B, *shape] arrays,
+    ``batch["obs"]["observation"]``; its stored name ``batch["obs.observation"]`` gives the same array.
+
     Attributes:
         indices: int64 [B] insertion ids, for ``update_priorities``.
         weights: float64 [B] importance-sampling weights (all 1 for uniform sampling).
         probabilities: float64 [B] exact P(i) of each returned transition under the current priorities.
-        data: dict of field name -> array.
+        data: dict of field name -> array (a dict field: name -> dict of key -> array).
     """
 
     __slots__ = ("_fill", "data", "indices", "probabilities", "weights")
@@ -74,7 +80,13 @@ class Batch(Mapping):
         return Batch, (self.data, self.indices, self.weights, self.probabilities)
 
     def __getitem__(self, key: str) -> np.ndarray:
-        return self.data[key]
+        try:
+            return self.data[key]
+        except KeyError:
+            found = _flat_lookup(self.data, key)
+            if found is None:
+                raise
+            return found
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.data)
@@ -83,8 +95,26 @@ class Batch(Mapping):
         return len(self.indices)
 
     def __repr__(self) -> str:
-        fields = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in self.data.items())
+        def describe(v):
+            if isinstance(v, dict):
+                return "{" + ", ".join(f"{k}: {describe(a)}" for k, a in v.items()) + "}"
+            return f"{v.dtype}{list(v.shape)}"
+
+        fields = ", ".join(f"{k}: {describe(v)}" for k, v in self.data.items())
         return f"Batch(size={len(self)}, {fields})"
+
+
+def _flat_lookup(data: dict, name: object) -> np.ndarray | None:
+    """``data[field][key]`` for a stored name ``field.key`` of a dict field, else None."""
+    if not isinstance(name, str):
+        return None
+    at = name.find(".")
+    while at > 0:
+        group = data.get(name[:at])
+        if isinstance(group, dict) and name[at + 1:] in group:
+            return group[name[at + 1:]]
+        at = name.find(".", at + 1)
+    return None
 
 
 class ReplayBuffer:
@@ -96,7 +126,9 @@ class ReplayBuffer:
             A sampler belongs to one buffer.
         seed: if given, reseeds the sampler's generator with ``np.random.default_rng(seed)``.
         spec: optional ``{name: (shape, dtype)}`` fixing the fields up front; otherwise the first
-            ``add``/``extend`` fixes them. ``terminated`` and ``truncated`` are ordinary fields.
+            ``add``/``extend`` fixes them. ``terminated`` and ``truncated`` are ordinary fields. A dict
+            field (a Gymnasium ``Dict`` observation) is ``{name: {key: (shape, dtype), ...}}``, and is given
+            to ``add``/``extend`` as a dict of arrays, one per key (see :mod:`perx._nested`).
         episodes: a :class:`perx.Episodes` to link steps into episodes: n-step returns, next
             observations and frame stacks stored once, several streams (vector envs). Steps then
             need the fields ``obs``, ``next_obs``, ``reward``, ``terminated`` and ``truncated``, and
@@ -121,6 +153,9 @@ class ReplayBuffer:
         check_bool(lock, "lock")
         if episodes is not None and not isinstance(episodes, Episodes):
             raise TypeError(f"episodes: expected perx.Episodes(...) or None, got {_short(episodes)}")
+        dicts, layout = {}, None
+        if spec is not None and isinstance(spec, Mapping) and any(isinstance(v, Mapping) for v in spec.values()):
+            spec, dicts, layout = _split_spec(spec, episodes)
         obs_spec = None
         if spec is not None and episodes is not None and episodes.shared:
             # observations live in the episode store; the storage keeps the other fields
@@ -138,7 +173,7 @@ class ReplayBuffer:
         storage = Storage(capacity, spec)
         store = None
         if episodes is not None:
-            store = EpisodeStore(capacity, episodes)
+            store = EpisodeStore(capacity, episodes) if layout is None else DictEpisodeStore(capacity, episodes, layout)
             if storage.spec is not None:
                 store.check_spec(storage.spec)
             if obs_spec is not None:
@@ -155,29 +190,263 @@ class ReplayBuffer:
         self._episodes = store
         # validates and converts observations (shape, dtype, casts) before they reach the episode store
         self._obs_check = Storage(1, obs_spec) if episodes is not None and episodes.shared else None
+        # Dict fields (perx._nested): name -> keys; the stored name of each key of a dict field kept as fields of
+        # its own -> (name, key); and for an episodic buffer's dict observations, packed one unit per observation:
+        # their names, their layout and the check of each key's values (shape, dtype, casts) before packing.
+        self._dicts: dict[str, tuple[str, ...]] = {}
+        self._stored_names: dict[str, tuple[tuple[str, str], ...]] = {}  # name -> ((key, stored name), ...)
+        self._owner: dict[str, tuple[str, str]] = {}
+        self._packed: tuple[str, ...] = ()
+        self._layout: DictLayout | None = None
+        self._key_check: Storage | None = None
+        if dicts:
+            self._set_dicts(dicts, layout)
+        #: True until every field's layout is fixed (the first add, or spec=): dict fields may still appear.
+        self._open = self._layout_open()
         #: The buffer's ``threading.RLock`` with ``lock=True``, else None.
         self.lock = threading.RLock() if lock else None
-        if lock:
-            # Instance attributes shadow the methods, so an unlocked buffer pays nothing at all.
+        self._install()
+
+    def _layout_open(self) -> bool:
+        return self._storage.spec is None or (self._obs_check is not None and self._obs_check.spec is None)
+
+    def _install(self) -> None:
+        """Set the instance attributes that shadow methods. Buffers with dict fields (or whose fields are not fixed
+        yet) write through ``_write_nested``, and buffers with dict fields sample through ``_sample_nested`` and
+        ``_get_nested``; with ``lock=True`` every public method holds the lock. A buffer with neither has no such
+        attribute, so its methods cost nothing more."""
+        attrs = vars(self)
+        for name in (*_NESTED, *_LOCKED):
+            attrs.pop(name, None)
+        if self._open or self._dicts:
+            self._write = self._write_nested
+        if self._dicts:  # (add and extend: their fast paths would take a dict field's stored names as given)
+            self.add = self._add_nested
+            self.extend = self._extend_nested
+            self.sample = self._sample_nested
+            self.get = self._get_nested
+        if self.lock is not None:
             for name in _LOCKED:
                 setattr(self, name, _locked(getattr(self, name), self.lock))
 
     def __getstate__(self) -> dict:
         # a lock (and the locked methods around it) cannot be pickled: a copy or an unpickled buffer gets a
-        # new lock of its own. Hold ``buf.lock`` while pickling if other threads may write meanwhile.
+        # new lock of its own. Hold ``buf.lock`` while pickling if other threads may write meanwhile. The methods
+        # shadowed by instance attributes are installed again.
         state = dict(self.__dict__)
+        for name in (*_NESTED, *_LOCKED):
+            state.pop(name, None)
         if state.get("lock") is not None:
             state["lock"] = True
-            for name in _LOCKED:
-                state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         if state.get("lock") is True:
             self.lock = threading.RLock()
-            for name in _LOCKED:
-                setattr(self, name, _locked(getattr(self, name), self.lock))
+        for name, default in (("_dicts", {}), ("_stored_names", {}), ("_owner", {}), ("_packed", ()), ("_layout", None),
+                              ("_key_check", None)):
+            self.__dict__.setdefault(name, default)  # pickled by an earlier perx
+        self.__dict__.setdefault("_open", self._layout_open())
+        self._install()
+
+    # -- dict fields -----------------------------------------------------------------------------
+    def _set_dicts(self, dicts: dict[str, tuple[str, ...] | dict], layout: DictLayout | None) -> None:
+        """Take these dict fields (name -> keys); ``layout`` packs an episodic buffer's dict observations (then the
+        episode store becomes a :class:`DictEpisodeStore`: only while nothing is stored). Attributes are replaced,
+        never changed in place, so that a refused first add can put the old ones back."""
+        cfg = self.episodes
+        packed = tuple(n for n in (cfg.obs, cfg.next_name) if n in dicts) if cfg is not None else ()
+        self._dicts = {**self._dicts, **{n: tuple(keys) for n, keys in dicts.items()}}
+        self._stored_names = {n: tuple((k, flat_name(n, k)) for k in keys) for n, keys in self._dicts.items()}
+        owner = dict(self._owner)
+        for name, keys in dicts.items():
+            if name not in packed:
+                owner.update((flat_name(name, k), (name, k)) for k in keys)
+        self._owner = owner
+        self._storage.owners = owner
+        if packed:
+            self._packed = packed
+            self._layout = layout
+            self._key_check = Storage(1, {flat_name(n, k): f for n in packed for k, f in layout.keys.items()})
+            self._key_check.owners = {flat_name(n, k): (n, k) for n in packed for k in layout.keys}
+            if not isinstance(self._episodes, DictEpisodeStore):
+                self._episodes = DictEpisodeStore(self.capacity, cfg, layout)
+
+    def _nested_state(self) -> tuple:
+        return (self._dicts, self._stored_names, self._owner, self._packed, self._layout, self._key_check,
+                self._episodes)
+
+    def _restore_nested(self, saved: tuple) -> None:
+        (self._dicts, self._stored_names, self._owner, self._packed, self._layout, self._key_check,
+         self._episodes) = saved
+        self._storage.owners = self._owner
+
+    def _learn_dicts(self, fields: dict, batched: bool) -> None:
+        """While the layout is open (the first add): take the dict fields that ``fields`` brings, or raise."""
+        cfg = self.episodes
+        open_names = None  # None: every field is open
+        if self._storage.spec is not None:  # only a shared observation is still open
+            open_names = (cfg.obs, cfg.next_name) if cfg is not None else ()
+        new = {}
+        for name, value in fields.items():
+            if is_dict(value) and name not in self._dicts and (open_names is None or name in open_names):
+                new[name] = dict_keys(name, value)
+        if not new:
+            return
+        layout = None
+        if cfg is not None:
+            for name in new:
+                if name in RESERVED or name in ("reward", "terminated", "truncated"):
+                    raise TypeError(f"{name}: an episodic buffer needs {name!r} as a plain field, got a dict")
+            names = [n for n in (cfg.obs, cfg.next_name) if n in fields]
+            packed = [n for n in names if n in new]
+            if packed:
+                plain = [n for n in names if n not in new]
+                if plain:
+                    raise TypeError(f"{plain[0]}: {packed[0]} is a dict, so {plain[0]} must be one with the same keys, "
+                                    f"got {_short(fields[plain[0]])}")
+                src = packed[0]
+                for name in packed[1:]:
+                    check_keys(name, fields[name], new[src])
+                unit = Storage(1)._infer_spec({flat_name(src, k): fields[src][k] for k in new[src]}, batched)
+                layout = DictLayout(src, {k: unit[flat_name(src, k)] for k in new[src]}, cfg.frame_stack)
+        self._set_dicts(new, layout)
+        if layout is not None:
+            self._key_check.inferred = True
+
+    def _flatten(self, fields: dict, batched: bool) -> dict:
+        """``fields`` with every dict field as fields of its own (``field.key``), and an episodic buffer's dict
+        observations checked key by key and packed. Raises (naming the field and the key) for a dict where a plain
+        field is, a plain value where a dict field is, missing or unexpected keys, and (through the checks of the
+        storage) a key's shape or dtype that does not fit."""
+        names, owner, packed = self._stored_names, self._owner, self._packed
+        flat = {}
+        keyed = None
+        for name, value in fields.items():
+            pairs = names.get(name)
+            kind = type(value)
+            if pairs is None:
+                if kind is dict or (kind not in _NOT_DICT and is_dict(value)):
+                    raise TypeError(f"{name}: got a dict (keys {_short(list(value))}) but {name} is not a dict field "
+                                    f"of this buffer; give it as an array")
+                if name in owner or (packed and "." in name and self._packed_key(name)):
+                    field, key = owner.get(name) or self._packed_key(name)
+                    raise ValueError(f"{name}: is key {key!r} of the dict field {field}; give {field}={{...}} with all "
+                                     f"its keys")
+                flat[name] = value
+                continue
+            if kind is not dict and not is_dict(value):
+                raise TypeError(f"{name}: is a dict field with the keys {[k for k, _ in pairs]}; give a dict of "
+                                f"arrays, got {_short(value)}")
+            if name in packed:
+                keyed = {} if keyed is None else keyed
+                target = keyed
+                flat[name] = None  # packed below, in this place
+            else:
+                target = flat
+            try:
+                for key, stored in pairs:
+                    item = value[key]
+                    kind = type(item)
+                    if kind is dict or (kind not in _NOT_DICT and is_dict(item)):
+                        raise KeyError(key)  # a nested dict: check_keys says so
+                    if target is flat and stored in fields:
+                        raise ValueError(f"{stored}: given twice, as a field and as key {key!r} of the dict field "
+                                         f"{name}")
+                    target[stored] = item
+            except KeyError:
+                pass
+            else:
+                if len(value) == len(pairs):
+                    continue
+            check_keys(name, value, self._dicts[name])  # raises, naming the keys
+            raise AssertionError("unreachable")
+        if packed:
+            missing = [n for n in packed if n not in fields]
+            if missing:
+                raise ValueError(f"fields: missing {missing}, dicts with the keys {list(self._layout.keys)}")
+            arrays, rows, _ = self._key_check.prepare(keyed, batched=batched)
+            layout = self._layout
+            lead = ((rows,) if batched else ()) + ((layout.frames,) if layout.frames else ())
+            for name in packed:
+                flat[name] = layout.pack({k: arrays[stored] for k, stored in names[name]}, lead)
+        return flat
+
+    def _packed_key(self, name: str) -> tuple[str, str] | None:
+        for field in self._packed:
+            if name.startswith(field + ".") and name[len(field) + 1:] in self._layout.keys:
+                return field, name[len(field) + 1:]
+        return None
+
+    def _write_nested(self, fields: dict, stream: Any, *, batched: bool) -> np.ndarray:
+        """``_write`` of a buffer with dict fields, or whose fields are not fixed yet (installed by ``_install``)."""
+        if not self._open:
+            return self._write_flat(self._flatten(fields, batched), stream, batched)
+        saved = self._nested_state()
+        try:
+            self._learn_dicts(fields, batched)
+            ids = self._write_flat(self._flatten(fields, batched), stream, batched)
+        except BaseException:
+            self._restore_nested(saved)
+            raise
+        if self._layout_open():  # an empty extend fixes nothing, dict fields included
+            self._restore_nested(saved)
+            return ids
+        self._open = False
+        self._install()
+        return ids
+
+    def _write_flat(self, fields: dict, stream: Any, batched: bool) -> np.ndarray:
+        if stream is None and self._episodes is None:  # add's and extend's fast paths
+            storage = self._storage
+            if batched:
+                start = storage.write_batch(fields)
+                if start is not None:
+                    ids = np.arange(start, storage.next_id, dtype=_int64)
+                    self.sampler.on_add_range(start % storage.capacity, ids)
+                    return ids
+            else:
+                i = storage.write_one(fields)
+                if i is not None:
+                    self.sampler.on_add_one(i % storage.capacity, i)
+                    return np.array([i], _int64)
+        return ReplayBuffer._write(self, fields, stream, batched=batched)
+
+    def _nest(self, data: dict) -> dict:
+        """A batch's fields with the keys of each dict field kept as fields of their own gathered into a dict
+        (the episode store already gave dict observations as dicts)."""
+        owner = self._owner
+        if not owner:
+            return data
+        out = {}
+        for name, value in data.items():
+            where = owner.get(name)
+            if where is None:
+                out[name] = value
+            else:
+                group = out.get(where[0])
+                if group is None:
+                    group = out[where[0]] = {}
+                group[where[1]] = value
+        return out
+
+    def _add_nested(self, *, stream: Any = None, **transition: Any) -> np.ndarray:
+        return self._write_nested(transition, stream, batched=False)
+
+    def _extend_nested(self, *, stream: Any = None, **transitions: Any) -> np.ndarray:
+        return self._write_nested(transitions, stream, batched=True)
+
+    def _sample_nested(self, batch_size: int, beta: float = 1.0, *, replace: bool = True, out: Batch | None = None
+                       ) -> Batch:
+        batch = ReplayBuffer.sample(self, batch_size, beta, replace=replace, out=out)
+        batch.data = self._nest(batch.data)
+        return batch
+
+    def _get_nested(self, indices) -> Batch:
+        batch = ReplayBuffer.get(self, indices)
+        batch.data = self._nest(batch.data)
+        return batch
 
     # -- facts -----------------------------------------------------------------------------------
     @property
@@ -196,9 +465,24 @@ class ReplayBuffer:
 
     @property
     def spec(self) -> dict[str, FieldSpec] | None:
+        """The fields' shapes and dtypes (None before the first add without ``spec=``); a dict field maps to a
+        dict of key -> FieldSpec."""
         if self._obs_check is None or self._obs_check.spec is None:
-            return self._storage.spec
-        return {**(self._storage.spec or {}), **self._obs_check.spec}
+            flat = self._storage.spec
+        else:
+            flat = {**(self._storage.spec or {}), **self._obs_check.spec}
+        if flat is None or not self._dicts:
+            return flat
+        out = {}
+        for name, f in flat.items():
+            where = self._owner.get(name)
+            if where is not None:
+                out.setdefault(where[0], {})[where[1]] = f
+            elif name in self._packed:
+                out[name] = dict(self._layout.keys)
+            else:
+                out[name] = f
+        return out
 
     @property
     def nbytes(self) -> int:
@@ -622,13 +906,17 @@ class ReplayBuffer:
         spec = self._storage.spec
         meta = {
             "format": FORMAT,
-            "version": FORMAT_VERSION,
+            "version": FORMAT_VERSION if self._dicts else 2,
             "capacity": self.capacity,
             "next_id": self._storage.next_id,
             "spec": None if spec is None else {k: f.to_json() for k, f in spec.items()},
             "inferred": self._storage.inferred,
             "sampler": {"name": self.sampler.name, "config": self.sampler.config(), "state": sampler_meta},
         }
+        if self._dicts:  # their keys, and each key's shape and dtype (the stored names and packed units follow)
+            nested = self.spec
+            meta["dict_fields"] = {name: [[k, list(f.shape), f.dtype.str] for k, f in nested[name].items()]
+                                   for name in self._dicts}
         arrays = {}
         for name, arr in self._storage.data.items():
             arrays[f"data/{name}"] = arr[:size]
@@ -672,6 +960,8 @@ class ReplayBuffer:
 
 _LOCKED = ("add", "extend", "sample", "get", "update_priorities", "set_priorities", "probabilities",
            "priorities", "predecessors", "save", "end_episodes", "mass_totals")
+#: Methods that buffers with dict fields shadow with instance attributes (``ReplayBuffer._install``).
+_NESTED = ("_write", "add", "extend", "sample", "get")
 
 
 def _locked(method, lock):
@@ -706,10 +996,12 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
             raise _LoadError("not a saved perx.ReplayBuffer")
         if meta.get("version") == 1:
             _upgrade_v1(meta, members)
-        elif meta.get("version") != FORMAT_VERSION:
-            raise _LoadError(f"format version {meta.get('version')!r}; this perx reads versions 1 and "
+        elif meta.get("version") not in (2, FORMAT_VERSION):
+            raise _LoadError(f"format version {meta.get('version')!r}; this perx reads versions 1 to "
                              f"{FORMAT_VERSION}")
         capacity, next_id, spec, sampler, episodes = _parse_meta(meta)
+        dicts = _parse_dicts(meta)
+        build_spec, shared_keys = _spec_with_dicts(spec, dicts, episodes)
         expected_data = set() if spec is None else {f"data/{name}" for name in spec}
         found_data = {k for k in members if k.startswith("data/")}
         if found_data != expected_data:
@@ -718,9 +1010,16 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
         if unknown:
             raise _LoadError(f"unexpected members {unknown}")
         try:
-            buf = cls(capacity, sampler, spec=spec, lock=lock, episodes=episodes)
+            buf = cls(capacity, sampler, spec=build_spec, lock=lock, episodes=episodes)
         except MemoryError as err:
             raise _LoadError(f"capacity {capacity} cannot be allocated here ({err})") from None
+        if shared_keys is not None:  # a shared dict observation: packed in the episode store, allocated below
+            keys = tuple(shared_keys)
+            buf._set_dicts({episodes.obs: keys, episodes.next_name: keys},
+                           DictLayout(episodes.obs, shared_keys, episodes.frame_stack))
+        if buf._storage.spec != spec:
+            raise _LoadError("dict_fields: the keys, shapes and dtypes of the dict fields do not match the stored "
+                             "fields")
         storage = buf._storage
         size = min(next_id, capacity)
         for name, arr in storage.data.items():
@@ -741,6 +1040,8 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
     if episodes is None:
         if episode_arrays:
             raise _LoadError("episode arrays in a file without episodes")
+        buf._open = buf._layout_open()
+        buf._install()
         return buf
     try:
         buf._episodes.load_state_dict(meta["episodes"], episode_arrays, size, next_id, buf._storage.data)
@@ -752,6 +1053,10 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
         shape, dtype = buf._episodes.obs_spec
         buf._obs_check._allocate({episodes.obs: FieldSpec(shape, dtype), episodes.next_name: FieldSpec(shape, dtype)})
         buf._obs_check.inferred = bool(meta.get("inferred", False))
+    if buf._key_check is not None:
+        buf._key_check.inferred = bool(meta.get("inferred", False))
+    buf._open = buf._layout_open()
+    buf._install()
     return buf
 
 
@@ -859,6 +1164,103 @@ def _parse_meta(meta: dict) -> tuple[int, int, dict | None, Sampler, Episodes | 
         except (TypeError, ValueError) as err:
             raise _LoadError(f"episodes config {str(ep['config'])[:120]}: {err}") from None
     return capacity, next_id, spec, sampler, episodes
+
+
+def _split_spec(spec: Mapping, episodes: Episodes | None) -> tuple[dict, dict[str, tuple[str, ...]], DictLayout | None]:
+    """A ``spec=`` with dict fields, as (the spec of what is stored, in order: each key of a dict field as a field
+    ``name.key``, an episodic buffer's dict observations as their packed unit; the dict fields, name -> keys; the
+    layout of the packed observations, or None)."""
+    dicts = {}
+    for name, item in spec.items():
+        if isinstance(item, Mapping):
+            keys = dict_keys(name, item)
+            parsed = _parse_spec({flat_name(name, k): item[k] for k in keys})
+            dicts[name] = {k: parsed[flat_name(name, k)] for k in keys}
+    obs_names = (episodes.obs, episodes.next_name) if episodes is not None else ()
+    layout = None
+    if episodes is not None:
+        for name in dicts:
+            if name in RESERVED or name in ("reward", "terminated", "truncated"):
+                raise TypeError(f"spec: an episodic buffer needs {name!r} as a plain field, got a dict")
+        packed = [n for n in obs_names if n in dicts]
+        if packed:
+            plain = [n for n in obs_names if n in spec and n not in dicts]
+            if plain:
+                raise TypeError(f"spec: {packed[0]} is a dict, so {plain[0]} must be one with the same keys")
+            if len(packed) == 2 and dicts[packed[0]] != dicts[packed[1]]:
+                raise ValueError(f"spec: {packed[1]} must have the keys, shapes and dtypes of {packed[0]}")
+            layout = DictLayout(packed[0], dicts[packed[0]], episodes.frame_stack)
+    flat, taken = {}, set()
+    for name, keys in dicts.items():  # every key's stored name is free, packed or not (batch["obs.a"] finds it)
+        for k in keys:
+            stored = flat_name(name, k)
+            if stored in spec or stored in taken:
+                raise ValueError(f"spec: {stored!r} names both a field and key {k!r} of the dict field {name!r}")
+            taken.add(stored)
+    for name, item in spec.items():
+        if name not in dicts:
+            flat[name] = item
+        elif layout is not None and name in obs_names:
+            flat[name] = layout.spec
+        else:
+            flat.update((flat_name(name, k), f) for k, f in dicts[name].items())
+    return flat, {n: tuple(keys) for n, keys in dicts.items()}, layout
+
+
+def _parse_dicts(meta: dict) -> dict[str, dict[str, FieldSpec]]:
+    """The dict fields of a file of format version 3 (name -> key -> FieldSpec), checked as far as they go."""
+    raw = meta.get("dict_fields")
+    if meta.get("version") != 3:
+        if raw is not None:
+            raise _LoadError("dict_fields in a file of format version 1 or 2")
+        return {}
+    if not isinstance(raw, dict) or not raw:
+        raise _LoadError(f"dict_fields: expected a dict of dict fields in a file of format version 3, got "
+                         f"{str(raw)[:80]}")
+    out = {}
+    for name, items in raw.items():
+        if not isinstance(items, list) or not items:
+            raise _LoadError(f"dict_fields[{name!r}]: expected a list of [key, shape, dtype], got {str(items)[:80]}")
+        keys = {}
+        for item in items:
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and item[0]
+                    and item[0] not in keys):
+                raise _LoadError(f"dict_fields[{name!r}]: {str(item)[:80]} is not [key, shape, dtype] of a new key")
+            try:
+                f = FieldSpec.from_json(item[1:])
+            except (TypeError, ValueError, IndexError) as err:
+                raise _LoadError(f"dict_fields[{name!r}][{item[0]!r}]: {str(item)[:80]} ({err})") from None
+            if any(d < 0 for d in f.shape) or f.dtype.kind not in "biufc":
+                raise _LoadError(f"dict_fields[{name!r}][{item[0]!r}]: invalid shape or dtype {str(item)[:80]}")
+            keys[item[0]] = f
+        out[name] = keys
+    return out
+
+
+def _spec_with_dicts(spec: dict | None, dicts: dict, episodes: Episodes | None) -> tuple[dict | None, dict | None]:
+    """(the ``spec=`` that rebuilds a saved buffer with dict fields; the keys of a shared dict observation, which the
+    storage does not hold: set up after the buffer is built, and allocated when the episode state is loaded)."""
+    if not dicts:
+        return spec, None
+    obs_names = (episodes.obs, episodes.next_name) if episodes is not None else ()
+    shared = None
+    if episodes is not None and episodes.shared and any(n in dicts for n in obs_names):
+        if not all(n in dicts for n in obs_names) or dicts[obs_names[0]] != dicts[obs_names[1]]:
+            raise _LoadError(f"dict_fields: {obs_names[0]} and {obs_names[1]} must be dicts with the same keys")
+        shared = dicts[obs_names[0]]
+    owner = {flat_name(n, k): n for n, keys in dicts.items() if n not in obs_names for k in keys}
+    out = {}
+    for name, f in (spec or {}).items():
+        if name in dicts and name in obs_names:  # next_obs="stored": the packed unit, stored under the name
+            out[name] = dict(dicts[name])
+        elif name in owner:
+            out.setdefault(owner[name], dict(dicts[owner[name]]))
+        else:
+            out[name] = f
+    left = [n for n in dicts if n not in out and (shared is None or n not in obs_names)]
+    if left:
+        raise _LoadError(f"dict_fields: {left} are not among the stored fields")
+    return out or None, shared
 
 
 def _check_beta(beta: object) -> float:

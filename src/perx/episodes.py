@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from perx._nested import DictLayout
 from perx._validation import _short, check_bool, check_choice, check_positive_int, check_real, to_numpy
 
 ENDED = -1
@@ -75,14 +76,17 @@ class Episodes:
         next_obs: ``"stored"`` keeps ``next_obs`` as an ordinary field; ``"shared"`` reads it from the next
             step of the same stream (default when frames are stacked, else ``"stored"``).
         frame_stack: k if observations are stacks of k frames (axis 0 of ``obs``) to be stored one frame
-            per step; implies ``next_obs="shared"``.
+            per step; implies ``next_obs="shared"``. A dict observation (Gymnasium ``Dict`` space) stacks every
+            key alike: each key is [k, *that key's frame shape].
         frame_padding: what stands before an episode's first frame in a stack: ``"first"`` (that frame
             repeated; Gymnasium's ``padding_type="reset"``) or ``"zero"``.
         frame_margin: extra frames kept beyond the capacity so that the oldest stored steps can still
             rebuild their stacks; default ``(frame_stack - 1) * streams``, enough when every stream adds
             a step per round (vector envs). A continuing step further than ``frame_margin // (k - 1)``
             ids from its predecessor is refused.
-        obs: name of the observation field (its next observation is ``"next_" + obs``).
+        obs: name of the observation field (its next observation is ``"next_" + obs``). Both may be dict fields
+            with the same keys (one array per key; see :mod:`perx._nested`): stored once per key, compared key by
+            key, returned as dicts.
         check: verify that each continuing step's observation is its predecessor's next observation.
     """
 
@@ -232,6 +236,14 @@ _NO_UNITS = (False, np.zeros((1, 1)), np.zeros(1, np.int64), 1, np.zeros((1, 1))
              np.zeros((1, 1)), np.zeros(1, np.int64), 0, False, np.zeros((1, 1)), np.zeros((1, 1)))
 
 
+def _same_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise equality of two arrays of equal shape, NaN equal to NaN."""
+    eq = a == b
+    if a.dtype.kind in "fc":
+        eq |= (a != a) & (b != b)
+    return np.all(eq.reshape(len(a), -1), axis=1)
+
+
 # -- the store -----------------------------------------------------------------------------------------
 
 class EpisodeStore:
@@ -240,6 +252,8 @@ class EpisodeStore:
     #: Plan single steps without frame stacks in scalars (:meth:`_prepare_one`); tests switch it off to
     #: compare with the batched path.
     one_step_path = True
+    #: Row-wise equality of observations (NaN equal to NaN): by value; :class:`DictEpisodeStore` compares each key.
+    _same_rows = staticmethod(_same_rows)
 
     def __init__(self, capacity: int, cfg: Episodes) -> None:
         self.cfg = cfg
@@ -368,22 +382,26 @@ class EpisodeStore:
                     expected = self.head_units[e]
             elif stored_next is not None and pred >= next_id - self.capacity:  # still stored
                 expected = stored_next[pred % self.capacity]
-            if expected is not None and not _same_rows(obs, expected[None])[0]:
-                raise self._not_continuing(0, e)
+            if expected is not None and not self._same_rows(obs, expected[None])[0]:
+                raise self._not_continuing(0, e, self._which_key(obs[0], expected))
         plan = {"one": (e, ended, pred, continuing)}
         if cfg.shared:
             plan["cur"], plan["nxt"] = obs, next_obs
         return plan
 
-    def _not_continuing(self, row: int, stream: int) -> ValueError:
+    def _not_continuing(self, row: int, stream: int, where: str = "") -> ValueError:
         cfg = self.cfg
         return ValueError(
-            f"{cfg.obs}: row {row} (stream {stream}) continues an episode but its observation is not the "
+            f"{cfg.obs}: row {row} (stream {stream}) continues an episode but its observation{where} is not the "
             f"previous step's {cfg.next_name}. Every step of an episode must follow the one before in "
             f"its stream, and a new episode starts only after a terminated or truncated step (end an "
             f"abandoned one with buffer.end_episodes). With Gymnasium's next-step autoreset the step "
             f"that only resets a sub-environment is not a transition: perx.gym.VectorRecorder drops it"
         )
+
+    def _which_key(self, a: np.ndarray, b: np.ndarray) -> str:
+        """For an error message: which part of two unequal observations differs ("" here: they are one array)."""
+        return ""
 
     def _check_gaps(self, ids, pred, continuing, inside):
         gap = self.cfg.frame_margin // (self.cfg.frame_stack - 1)
@@ -406,11 +424,12 @@ class EpisodeStore:
         inside = prev_in >= 0
         k = cfg.frame_stack
         if k and k > 1:
-            shifted = _same_rows(next_obs[:, :-1], obs[:, 1:])
+            shifted = self._same_rows(next_obs[:, :-1], obs[:, 1:])
             if not shifted.all():
                 b = int(np.flatnonzero(~shifted)[0])
                 raise ValueError(f"{cfg.next_name}: row {b} is not its {cfg.obs} shifted by one frame "
-                                 f"({cfg.next_name}[:-1] must equal {cfg.obs}[1:])")
+                                 f"({cfg.next_name}[:-1] must equal {cfg.obs}[1:])"
+                                 f"{self._which_key(next_obs[b, :-1], obs[b, 1:])}")
         # predecessors inside the batch; stored ones are written in below, so the array takes a dtype that holds
         # both exactly (a next_obs in a narrower dtype than the store's must not round what it is compared with)
         stored = self.units if cfg.shared and self.units is not None else stored_next
@@ -435,20 +454,20 @@ class EpisodeStore:
                 expected[rows_h[live]] = stored_next[heads[live] % self.capacity]
                 known = known.copy()
                 known[rows_h[live]] = True
-        bad = known & ~_same_rows(obs, expected)
+        bad = known & ~self._same_rows(obs, expected)
         if bad.any():
             b = int(np.flatnonzero(bad)[0])
-            raise self._not_continuing(b, int(e[b]))
+            raise self._not_continuing(b, int(e[b]), self._which_key(obs[b], expected[b]))
         if k and k > 1:
             starts = ~cont
             pad = obs[:, :-1]
             want = np.zeros_like(pad) if cfg.frame_padding == "zero" else np.repeat(obs[:, -1:], k - 1, axis=1)
-            bad = starts & ~_same_rows(pad, want)
+            bad = starts & ~self._same_rows(pad, want)
             if bad.any():
                 b = int(np.flatnonzero(bad)[0])
                 raise ValueError(
-                    f"{cfg.obs}: row {b} starts an episode but its stack is not padded with "
-                    f"{'zeros' if cfg.frame_padding == 'zero' else 'its first frame'} "
+                    f"{cfg.obs}: row {b} starts an episode but its stack{self._which_key(pad[b], want[b])} is not "
+                    f"padded with {'zeros' if cfg.frame_padding == 'zero' else 'its first frame'} "
                     f"(frame_padding={cfg.frame_padding!r}); set frame_padding to match the environment")
 
     def end_episodes(self, streams: np.ndarray, storage: dict[str, np.ndarray], next_id: int) -> int:
@@ -748,12 +767,35 @@ class EpisodeStore:
                              f"not {int(want[b])}")
 
 
-def _same_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise equality of two arrays of equal shape, NaN equal to NaN."""
-    eq = a == b
-    if a.dtype.kind in "fc":
-        eq |= (a != a) & (b != b)
-    return np.all(eq.reshape(len(a), -1), axis=1)
+class DictEpisodeStore(EpisodeStore):
+    """The episode store of a buffer whose observations are dicts (Gymnasium ``Dict`` spaces, internal).
+
+    The buffer packs each observation's keys into one unit of words (:class:`perx._nested.DictLayout`; one unit
+    per frame with stacks), so links, shared next observations, final and head observations and frame stacks
+    work on those units exactly as on a plain observation. What differs: observations are compared key by key
+    and by value (NaN equal to NaN), errors name the key, and a batch's observations are unpacked into dicts.
+    """
+
+    def __init__(self, capacity: int, cfg: Episodes, layout: DictLayout) -> None:
+        super().__init__(capacity, cfg)
+        self.layout = layout
+        self._same_rows = layout.same_rows
+
+    def check_obs(self, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        want = self.layout.spec
+        if tuple(shape) != want.shape or np.dtype(dtype) != want.dtype:
+            raise ValueError(f"{self.cfg.obs}: dict observations are held packed as {want.dtype}{list(want.shape)}, "
+                             f"got {np.dtype(dtype)}{list(shape)}")
+
+    def _which_key(self, a: np.ndarray, b: np.ndarray) -> str:
+        return self.layout.which_key(a, b)
+
+    def gather(self, ids: np.ndarray, slots: np.ndarray, data: dict, storage: dict[str, np.ndarray]) -> None:
+        super().gather(ids, slots, data, storage)
+        unpack = self.layout.unpack
+        for name in (self.cfg.obs, self.cfg.next_name):
+            if name in data:
+                data[name] = unpack(data[name])
 
 
 def _live_ids(size: int, next_id: int, capacity: int) -> np.ndarray:

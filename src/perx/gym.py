@@ -15,12 +15,14 @@ handles, per Gymnasium's autoreset mode (``envs.metadata["autoreset_mode"]``):
   mask})``, which the recorder follows.
 
 ``terminated`` and ``truncated`` are stored apart. Gymnasium is not imported: anything with Gymnasium's
-vector API works (``num_envs``, ``reset``, ``step``, ``metadata``). Observations must be arrays (a Dict
-observation space is refused; flatten it with a wrapper first).
+vector API works (``num_envs``, ``reset``, ``step``, ``metadata``). Observations are arrays [num_envs, ...] or,
+for a ``Dict`` observation space, dicts of such arrays (one per key; stored as a dict field of the buffer, and
+``info["final_obs"][i]`` of same-step autoreset is then sub-env i's dict). Nested dicts are not supported.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -69,7 +71,7 @@ class VectorRecorder:
         self._streams = episodes is not None
         self.obs_name = obs or (episodes.obs if episodes is not None else "obs")
         self.next_name = "next_" + self.obs_name
-        self.obs: np.ndarray | None = None
+        self.obs: np.ndarray | dict[str, np.ndarray] | None = None
         self._autoreset = np.zeros(self.num_envs, np.bool_)
         self.transitions = 0
         self.skipped = 0
@@ -89,7 +91,10 @@ class VectorRecorder:
         elif self._streams:
             self.buffer.end_episodes(np.flatnonzero(mask))
         if self.obs is None:
-            self.obs = obs.copy()
+            self.obs = _copy(obs)
+        elif isinstance(obs, dict):
+            for key, value in obs.items():
+                self.obs[key][mask] = value[mask]
         else:
             self.obs[mask] = obs[mask]
         self._autoreset[mask] = False
@@ -119,20 +124,24 @@ class VectorRecorder:
         real_next = next_obs
         ended = terminated | truncated
         if self.mode == SAME_STEP and ended.any():
-            real_next = next_obs.copy()
+            real_next = _copy(next_obs)
             final = infos.get("final_obs")
             if final is None:
                 raise ValueError("infos: same-step autoreset needs info['final_obs'] for the sub-envs that ended")
             for i in np.flatnonzero(ended):
-                real_next[i] = np.asarray(final[i])
+                if isinstance(real_next, dict):  # a Dict space: final_obs[i] is sub-env i's dict
+                    for key, value in real_next.items():
+                        value[i] = np.asarray(final[i][key])
+                else:
+                    real_next[i] = np.asarray(final[i])
         ids = np.empty(0, np.int64)
         if valid.any():
             rows = np.flatnonzero(valid)
-            fields = {self.obs_name: self.obs[rows], "action": actions[rows], "reward": rewards[rows],
-                      self.next_name: real_next[rows], "terminated": terminated[rows],
+            fields = {self.obs_name: _take(self.obs, rows), "action": actions[rows], "reward": rewards[rows],
+                      self.next_name: _take(real_next, rows), "terminated": terminated[rows],
                       "truncated": truncated[rows]}
             if self._split:  # sub-env i -> buffer i; the ids returned are each buffer's own
-                ids = np.concatenate([self.buffer[i].extend(**{k: v[t:t + 1] for k, v in fields.items()})
+                ids = np.concatenate([self.buffer[i].extend(**{k: _take(v, slice(t, t + 1)) for k, v in fields.items()})
                                       for t, i in enumerate(rows.tolist())])
             elif self._streams:
                 ids = self.buffer.extend(stream=rows, **fields)
@@ -140,14 +149,28 @@ class VectorRecorder:
                 ids = self.buffer.extend(**fields)
             self.transitions += len(rows)
         self.skipped += int((~valid).sum())
-        self.obs = next_obs.copy()
+        self.obs = _copy(next_obs)
         if self.mode == NEXT_STEP:
             self._autoreset = ended & valid
         return ids
 
 
-def _as_obs(obs: Any) -> np.ndarray:
-    if isinstance(obs, dict):
-        raise TypeError("obs: Dict observations are not supported; flatten them (gymnasium.wrappers."
-                        "FlattenObservation) or store their parts yourself")
+def _as_obs(obs: Any) -> np.ndarray | dict[str, np.ndarray]:
+    """A vector env's observations: an array [num_envs, ...], or (a Dict space) a dict of such arrays."""
+    if isinstance(obs, Mapping):
+        out = {}
+        for key, value in obs.items():
+            if isinstance(value, Mapping):
+                raise TypeError(f"obs: nested Dict observations are not supported (key {key!r} holds a dict); "
+                                f"flatten the inner dicts with a wrapper first")
+            out[key] = np.asarray(value)
+        return out
     return np.asarray(obs)
+
+
+def _copy(obs: np.ndarray | dict) -> np.ndarray | dict:
+    return {k: v.copy() for k, v in obs.items()} if isinstance(obs, dict) else obs.copy()
+
+
+def _take(value: np.ndarray | dict, rows: Any) -> np.ndarray | dict:
+    return {k: v[rows] for k, v in value.items()} if isinstance(value, dict) else value[rows]

@@ -67,6 +67,20 @@ class PerxReplayBufferSamples(NamedTuple):
     indices: np.ndarray
 
 
+class PerxDictReplayBufferSamples(NamedTuple):
+    """SB3's ``DictReplayBufferSamples`` fields (observations as dicts of tensors, one per key of the ``Dict``
+    space), plus the IS ``weights`` ([B, 1]) and the perx ``indices``."""
+
+    observations: dict[str, th.Tensor]
+    actions: th.Tensor
+    next_observations: dict[str, th.Tensor]
+    dones: th.Tensor
+    rewards: th.Tensor
+    discounts: th.Tensor | None
+    weights: th.Tensor
+    indices: np.ndarray
+
+
 def describe_sampler(sampler: perx.Sampler) -> dict[str, Any]:
     """A sampler as configuration: ``{"name": ..., "config": {...}}`` (plain values, what SB3 saves in a model's
     ``replay_buffer_kwargs``), from which :func:`build_sampler` makes a new, unbound sampler."""
@@ -106,7 +120,10 @@ class PerxReplayBuffer(ReplayBuffer):
         optimize_memory_usage: store each next observation once (``perx.Episodes(next_obs="shared")``).
 
     ``handle_timeout_termination`` keeps time-limit truncations apart from terminations, as in SB3:
-    a truncated step bootstraps. Dict observation spaces are not supported.
+    a truncated step bootstraps. A ``Dict`` observation space (SB3's ``MultiInputPolicy``) is stored as a perx
+    dict field, one array per key, and samples then hold dicts of tensors (:class:`PerxDictReplayBufferSamples`,
+    SB3's ``DictReplayBufferSamples`` plus weights and indices); ``optimize_memory_usage`` works with it too.
+    Nested ``Dict`` spaces are not supported.
     """
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space, action_space: spaces.Space,
@@ -114,14 +131,22 @@ class PerxReplayBuffer(ReplayBuffer):
                  handle_timeout_termination: bool = True, *, sampler: perx.Sampler | None = None,
                  n_steps: int = 1, gamma: float = 0.99, seed: int | None = None) -> None:
         sampler = build_sampler(sampler)
-        if isinstance(observation_space, spaces.Dict):
-            raise TypeError("observation_space: PerxReplayBuffer does not support Dict observation spaces")
+        self._dict_obs = isinstance(observation_space, spaces.Dict)
+        if self._dict_obs:
+            nested = [k for k, sub in observation_space.spaces.items() if isinstance(sub, spaces.Dict)]
+            if nested:
+                raise TypeError(f"observation_space: nested Dict spaces are not supported (key {nested[0]!r}); "
+                                f"flatten the inner Dict with a wrapper")
         BaseBuffer.__init__(self, buffer_size, observation_space, action_space, device, n_envs=n_envs)
         self.optimize_memory_usage = optimize_memory_usage
         self.handle_timeout_termination = handle_timeout_termination
         obs_shape = get_obs_shape(observation_space)
+        if self._dict_obs:  # a dict field: key -> (shape, dtype)
+            obs_spec = {k: (shape, observation_space.spaces[k].dtype) for k, shape in obs_shape.items()}
+        else:
+            obs_spec = (obs_shape, observation_space.dtype)
         action_dtype = self._maybe_cast_dtype(action_space.dtype)
-        spec = {"obs": (obs_shape, observation_space.dtype), "next_obs": (obs_shape, observation_space.dtype),
+        spec = {"obs": obs_spec, "next_obs": obs_spec,
                 "action": ((self.action_dim,), action_dtype), "reward": ((), np.float32),
                 "terminated": ((), np.bool_), "truncated": ((), np.bool_)}
         episodes = perx.Episodes(n_step=n_steps, gamma=gamma, streams=n_envs,
@@ -134,7 +159,11 @@ class PerxReplayBuffer(ReplayBuffer):
         self._streams = np.arange(n_envs)
         #: each stream's last next observation, and whether its episode is still open: an add whose obs is not
         #: that next observation follows a reset SB3 made (a new learn(), a loaded model) and ends the episode
-        self._next_obs = np.zeros((n_envs, *self.obs_shape), observation_space.dtype)
+        if self._dict_obs:
+            self._next_obs = {k: np.zeros((n_envs, *shape), observation_space.spaces[k].dtype)
+                              for k, shape in obs_shape.items()}
+        else:
+            self._next_obs = np.zeros((n_envs, *self.obs_shape), observation_space.dtype)
         self._open = np.zeros(n_envs, np.bool_)
 
     @property
@@ -150,26 +179,41 @@ class PerxReplayBuffer(ReplayBuffer):
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
             done: np.ndarray, infos: list[dict[str, Any]]) -> None:
         n = self.n_envs
-        obs = np.asarray(obs).reshape((n, *self.obs_shape))
-        next_obs = np.asarray(next_obs).reshape((n, *self.obs_shape))
+        if self._dict_obs:  # (SB3's DictReplayBuffer reshapes too: a Discrete key comes as [n] for shape (1,))
+            obs = {k: np.asarray(obs[k]).reshape((n, *shape)) for k, shape in self.obs_shape.items()}
+            next_obs = {k: np.asarray(next_obs[k]).reshape((n, *shape)) for k, shape in self.obs_shape.items()}
+        else:
+            obs = np.asarray(obs).reshape((n, *self.obs_shape))
+            next_obs = np.asarray(next_obs).reshape((n, *self.obs_shape))
         action = np.asarray(action).reshape((n, self.action_dim))
         done = np.asarray(done, np.bool_).reshape(n)
         if self.handle_timeout_termination:
             timeout = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos], np.bool_)
         else:
             timeout = np.zeros(n, np.bool_)
-        broken = self._open & ~(obs == self._next_obs).reshape(n, -1).all(axis=1)
+        if self._dict_obs:
+            same = np.ones(n, np.bool_)
+            for k, value in obs.items():
+                same &= (value == self._next_obs[k]).reshape(n, -1).all(axis=1)
+        else:
+            same = (obs == self._next_obs).reshape(n, -1).all(axis=1)
+        broken = self._open & ~same
         if broken.any():  # SB3 reset these environments mid-episode: their stored episodes end (truncated)
             self.buffer.end_episodes(self._streams[broken])
         self.buffer.extend(obs=obs, next_obs=next_obs, action=action,
                            reward=np.asarray(reward, np.float32).reshape(n), terminated=done & ~timeout,
                            truncated=done & timeout, stream=self._streams)
-        self._next_obs[...] = next_obs
+        if self._dict_obs:
+            for k, value in next_obs.items():
+                self._next_obs[k][...] = value
+        else:
+            self._next_obs[...] = next_obs
         self._open = ~done
         self.pos = self.buffer.next_index % self.buffer_size
         self.full = len(self.buffer) == self.buffer_size
 
-    def sample(self, batch_size: int, env: Any = None, beta: float | None = None) -> PerxReplayBufferSamples:
+    def sample(self, batch_size: int, env: Any = None, beta: float | None = None
+               ) -> PerxReplayBufferSamples | PerxDictReplayBufferSamples:
         batch = self.buffer.sample(batch_size, beta=self.beta if beta is None else float(beta))
         obs = self._normalize_obs(batch["obs"], env)
         next_obs = self._normalize_obs(batch["next_obs"], env)
@@ -179,10 +223,16 @@ class PerxReplayBuffer(ReplayBuffer):
             rewards = batch["return"].astype(np.float32).reshape(-1, 1)
             discounts = self.to_torch(batch["discount"].astype(np.float32).reshape(-1, 1))
         rewards = self._normalize_reward(rewards, env)  # VecNormalize only scales: a sum scales alike
-        data = (obs, batch["action"], next_obs, batch["terminated"].astype(np.float32).reshape(-1, 1), rewards)
-        tensors = tuple(map(self.to_torch, data))
         weights = self.to_torch(batch.weights.astype(np.float32).reshape(-1, 1))
-        return PerxReplayBufferSamples(*tensors, discounts, weights, batch.indices)
+        dones = self.to_torch(batch["terminated"].astype(np.float32).reshape(-1, 1))
+        if self._dict_obs:
+            return PerxDictReplayBufferSamples({k: self.to_torch(v) for k, v in obs.items()},
+                                               self.to_torch(batch["action"]),
+                                               {k: self.to_torch(v) for k, v in next_obs.items()}, dones,
+                                               self.to_torch(rewards), discounts, weights, batch.indices)
+        data = (obs, batch["action"], next_obs)
+        return PerxReplayBufferSamples(*map(self.to_torch, data), dones, self.to_torch(rewards), discounts, weights,
+                                       batch.indices)
 
     def update_priorities(self, indices: np.ndarray, td_errors: Any) -> int:
         """Write |delta| (any sign; a tensor with grad on any device is fine) for sampled indices."""
@@ -240,7 +290,7 @@ class _PerxAlgorithm:
         done = 1.0 - self._current_progress_remaining  # 0 -> 1 over learn()
         return float(start + (end - start) * min(max(done, 0.0), 1.0))
 
-    def _sample(self, batch_size: int) -> PerxReplayBufferSamples:
+    def _sample(self, batch_size: int) -> PerxReplayBufferSamples | PerxDictReplayBufferSamples:
         data = self.replay_buffer.sample(batch_size, env=self._vec_normalize_env, beta=self._beta())
         if self.replay in ("per", "rank", "custom"):
             perx.check_weight_scale(data.weights, where=f"perx.sb3.{type(self).__name__}")
@@ -257,7 +307,8 @@ class _PerxAlgorithm:
             return elementwise.mean()
         return (weights * elementwise).mean()
 
-    def _write_priorities(self, replay_data: PerxReplayBufferSamples, td: th.Tensor) -> None:
+    def _write_priorities(self, replay_data: PerxReplayBufferSamples | PerxDictReplayBufferSamples, td: th.Tensor
+                          ) -> None:
         if self.replay not in ("uniform", "pal"):
             self.replay_buffer.update_priorities(replay_data.indices, td.detach().reshape(-1))
 

@@ -120,6 +120,9 @@ def _as_array(value: object, name: str) -> np.ndarray:
     except (ValueError, TypeError, RuntimeError) as err:
         raise ValueError(f"{name}: cannot make an array of {_short(value)}: {err}") from None
     if arr.dtype.kind == "O":
+        if isinstance(value, Mapping):
+            raise TypeError(f"{name}: got a dict (keys {_short(list(value))}) but {name} is a plain field of this "
+                            f"buffer; a dict field is fixed as one by the first add or by spec=")
         raise ValueError(f"{name}: cannot store {_short(value)}: numpy made an object array of it (ragged "
                          f"rows, Python objects, or an integer beyond 64 bits); give equal-length rows of numbers")
     return arr
@@ -371,11 +374,17 @@ class Storage:
             out[name] = arr
         return out, (rows if batched else 1), new_spec
 
+    #: stored name -> (dict field, key) for the keys of dict fields (set by the buffer; for messages only)
+    owners: Mapping = {}
+
     def _origin(self, name: str, f: FieldSpec) -> str:
         if not self.inferred:
             return ""
+        where = self.owners.get(name)
+        entry = f"{name!r}: ({f.shape}, <dtype>)" if where is None else \
+            f"{where[0]!r}: {{{where[1]!r}: ({f.shape}, <dtype>), ...}}"
         return (f". The field's dtype {f.dtype} was inferred from the first add/extend; to choose it, "
-                f"pass spec={{{name!r}: ({f.shape}, <dtype>), ...}} to ReplayBuffer")
+                f"pass spec={{{entry}, ...}} to ReplayBuffer")
 
     def write(self, arrays: dict[str, np.ndarray], rows: int, new_spec: dict | None, *, batched: bool
               ) -> tuple[np.ndarray, np.ndarray]:

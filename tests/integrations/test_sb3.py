@@ -196,3 +196,75 @@ def test_default_per_keeps_the_median_is_weight_of_a_batch_above_a_tenth():
     old = perx.sb3.DQN("MlpPolicy", "CartPole-v1", replay=perx.Proportional(0.6, eps=1e-10, normalize="buffer"), **kw)
     old.learn(3000)
     assert max(_median_weights(old)) < 0.1  # the bound can fail, and did for the old defaults
+
+
+# -- Dict observation spaces (SB3's MultiInputPolicy) ---------------------------------------------------------
+
+def test_a_dict_space_buffer_stores_each_key_keeps_sub_envs_apart_and_ends_episodes_sb3_reset():
+    space = gym.spaces.Dict({"a": gym.spaces.Box(-10, 10, (2,), np.float32), "d": gym.spaces.Discrete(9)})
+    buf = perx.sb3.PerxReplayBuffer(100, space, gym.spaces.Discrete(2), device="cpu", n_envs=2, n_steps=2,
+                                    gamma=0.5, optimize_memory_usage=True)
+    obs = {"a": np.array([[0, 0], [1, 0]], np.float32), "d": np.array([0, 0])}  # Discrete: [n_envs], as SB3 gives
+    for t in range(1, 4):
+        nxt = {"a": obs["a"] + np.array([0, 1], np.float32), "d": obs["d"] + 1}
+        done = np.array([t == 2, t == 3])
+        buf.add(obs, nxt, np.array([0, 1]), np.array([1.0, 2.0]), done, [{}, {"TimeLimit.truncated": t == 3}])
+        reset = {"a": np.array([[5, 0], [6, 0]], np.float32), "d": np.array([0, 0])}
+        obs = {k: np.where(done.reshape(-1, *([1] * (v.ndim - 1))), reset[k], nxt[k]) for k, v in nxt.items()}
+    batch = buf.buffer.get(np.arange(len(buf.buffer)))
+    assert batch["obs"]["d"].shape == (6, 1) and batch["obs"]["a"].dtype == np.float32
+    rows = {(int(a[0]), int(a[1])): (r, d) for a, r, d in zip(batch["obs"]["a"], batch["return"], batch["discount"],
+                                                              strict=True)}
+    assert rows[(0, 0)] == (1.5, 0.0)  # terminated after two steps
+    assert rows[(1, 1)] == (3.0, 0.25) and rows[(1, 2)] == (2.0, 0.5)  # truncated: bootstraps
+    # SB3 reset sub-env 0 mid-episode (a new learn()): its observation is not the last next observation in one key
+    obs["d"] = np.array([7, 0])
+    buf.add(obs, obs, np.array([0, 1]), np.array([0.0, 0.0]), np.zeros(2, bool), [{}, {}])
+    assert buf.buffer.get([4])["truncated"].tolist() == [True]  # sub-env 0's open episode ended there
+    data = buf.sample(5, beta=0.5)
+    assert isinstance(data, perx.sb3.PerxDictReplayBufferSamples)
+    assert data.observations["a"].shape == (5, 2) and data.next_observations["d"].shape == (5, 1)
+    assert data.weights.shape == (5, 1) and data.discounts.shape == (5, 1) and data.indices.shape == (5,)
+
+
+def _bit_flipping(**kwargs):
+    from stable_baselines3.common.envs import BitFlippingEnv
+
+    return BitFlippingEnv(n_bits=4, max_steps=8, **kwargs)
+
+
+@pytest.mark.parametrize(("algo", "replay", "env_kwargs", "buffer_kwargs"), [
+    ("DQN", "per", {}, {"n_steps": 3}),
+    ("DQN", "rank", {"discrete_obs_space": True}, {}),
+    ("SAC", "per", {"continuous": True}, {}),
+    ("TD3", "lap", {"continuous": True}, {"n_steps": 2}),
+])
+def test_multi_input_policies_train_with_perx_replay(algo, replay, env_kwargs, buffer_kwargs):
+    env = _bit_flipping(**env_kwargs)
+    model = getattr(perx.sb3, algo)("MultiInputPolicy", env, replay=replay, learning_starts=50, seed=0,
+                                    policy_kwargs={"net_arch": [16]}, replay_buffer_kwargs=buffer_kwargs,
+                                    optimize_memory_usage=algo == "SAC")
+    model.learn(300)
+    buf = model.replay_buffer
+    assert buf.size() == 300
+    data = buf.sample(8, beta=0.5)
+    assert set(data.observations) == {"observation", "achieved_goal", "desired_goal"}
+    assert all(v.shape[0] == 8 for v in data.next_observations.values())
+    if replay == "rank":  # replayed transitions left +inf ("not yet replayed") for their |delta|
+        assert np.isfinite(buf.buffer.priorities(np.arange(300))).any()
+    else:
+        assert buf.sampler.max_priority != buf.sampler.initial_priority  # |delta| was written back
+
+
+def test_plain_sb3_dqn_with_a_dict_space_takes_the_buffer_and_a_saved_buffer_trains_on(tmp_path):
+    model = sb3.DQN("MultiInputPolicy", _bit_flipping(), replay_buffer_class=perx.sb3.PerxReplayBuffer,
+                    replay_buffer_kwargs={"sampler": perx.Proportional()}, learning_starts=50, seed=0,
+                    policy_kwargs={"net_arch": [16]})
+    model.learn(200)
+    model.save(tmp_path / "model.zip")
+    model.save_replay_buffer(tmp_path / "replay.pkl")
+    again = sb3.DQN.load(tmp_path / "model.zip", env=_bit_flipping())
+    again.load_replay_buffer(tmp_path / "replay.pkl")
+    assert again.replay_buffer.size() == 200
+    again.learn(100, reset_num_timesteps=False)
+    assert again.replay_buffer.size() == 300

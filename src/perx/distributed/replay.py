@@ -568,7 +568,7 @@ class ShardedReplay:
                 probs.append(q[k] * local_p)
         if not datas:  # every shard chosen was emptied by a restart without a checkpoint
             raise ValueError("sample: the shards chosen had nothing stored (restarted without a checkpoint?)")
-        data = {name: np.concatenate([d[name] for d in datas]) for name in datas[0]}
+        data = {name: _concat([d[name] for d in datas]) for name in datas[0]}
         p = np.concatenate(probs)
         if self.importance_sampling and beta > 0.0:
             ref = p.min() if self.batch_normalized else p_min
@@ -745,6 +745,13 @@ def _get_retrying(submit, keys, first: list | None = None, attempts: int = 50) -
             refs[i] = submit(keys[i])
         todo = failed
     raise RuntimeError(f"ShardedReplay: shards {[keys[i] for i in todo]} stayed unavailable after {attempts} tries")
+
+
+def _concat(parts: list) -> np.ndarray | dict:
+    """The shards' arrays of one field, concatenated (a dict field: key by key)."""
+    if isinstance(parts[0], dict):
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return np.concatenate(parts)
 
 
 def _check_beta(beta: object) -> float:

@@ -11,8 +11,8 @@ from perx.buffer import Batch
 def as_tensors(batch: Batch, device: str | torch.device | None = None,
                float_dtype: torch.dtype = torch.float32, *, pin_memory: bool | None = None
                ) -> dict[str, torch.Tensor]:
-    """Every field of ``batch`` as a tensor on ``device``, plus ``"weights"`` (float_dtype) and
-    ``"indices"`` (int64, kept on the host: they go back to ``update_priorities``).
+    """Every field of ``batch`` as a tensor on ``device`` (a dict field as a dict of tensors), plus ``"weights"``
+    (float_dtype) and ``"indices"`` (int64, kept on the host: they go back to ``update_priorities``).
 
     Floating fields become ``float_dtype``; integer and bool fields keep their dtype. The batch's
     arrays are fresh copies, so host tensors share their memory (no copy) where the dtype stays: a batch
@@ -24,15 +24,18 @@ def as_tensors(batch: Batch, device: str | torch.device | None = None,
     device = torch.device(device) if device is not None else None
     cuda = device is not None and device.type == "cuda"
     pin = cuda if pin_memory is None else bool(pin_memory)
-    out = {}
-    fields = dict(batch.items())
-    fields["weights"] = batch.weights
-    for name, arr in fields.items():
+    def convert(arr: np.ndarray) -> torch.Tensor:
         t = torch.from_numpy(np.ascontiguousarray(arr))
         if t.is_floating_point() and t.dtype != float_dtype:
             t = t.to(float_dtype)
         if pin:
             t = t.pin_memory()
-        out[name] = t.to(device, non_blocking=pin) if device is not None else t
+        return t.to(device, non_blocking=pin) if device is not None else t
+
+    out = {}
+    fields = dict(batch.items())
+    fields["weights"] = batch.weights
+    for name, arr in fields.items():  # a dict field (perx._nested) becomes a dict of tensors
+        out[name] = {k: convert(a) for k, a in arr.items()} if isinstance(arr, dict) else convert(arr)
     out["indices"] = torch.from_numpy(np.ascontiguousarray(batch.indices))
     return out
