@@ -163,7 +163,7 @@ def test_a_saved_model_loads_predicts_the_same_and_trains_on_with_its_saved_buff
 
 def test_learning_twice_resets_the_env_and_ends_the_open_episode_as_truncated():
     model = perx.sb3.DQN("MlpPolicy", "CartPole-v1", replay="per", learning_starts=50, seed=0,
-                         policy_kwargs={"net_arch": [16]})
+                         policy_kwargs={"net_arch": [16]}, replay_buffer_kwargs={"n_steps": 3})  # episodic
     model.learn(100)
     last = model.replay_buffer.buffer.get(np.array([99]))
     model.learn(50)  # SB3 resets the environment mid-episode
