@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import perx
-from tests.conftest import DETERMINISTIC, assert_same, filled, snapshot, transitions
+from tests.conftest import DETERMINISTIC, SAMPLERS, assert_same, filled, snapshot, transitions
 
 
 def test_sampling_an_empty_buffer_is_refused(make_sampler):
@@ -246,3 +246,15 @@ def test_distinct_batches_where_the_sampler_supports_them(make_sampler):
             buf.sample(4, replace=False)
     with pytest.raises(TypeError, match="replace"):
         buf.sample(4, replace="no")
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_an_unbound_sampler_copies_and_pickles_and_the_copy_binds(name):
+    import copy
+    import pickle
+
+    sampler = SAMPLERS[name]()
+    for twin in (copy.deepcopy(sampler), pickle.loads(pickle.dumps(sampler))):
+        assert twin.capacity is None and twin.config() == sampler.config()
+        buf = filled(twin, capacity=8)
+        assert len(buf.sample(4).indices) == 4

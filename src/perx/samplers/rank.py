@@ -513,6 +513,8 @@ class Greedy(Sampler):
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
+        if self.capacity is None:  # unbound: no heap was allocated yet
+            return
         self._heap = _greedy.allocate_heap(self.capacity)  # a copy on a 64-byte boundary again (speed only)
         self._heap[:] = state["_heap"]
 
