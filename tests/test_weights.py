@@ -114,3 +114,13 @@ def test_a_batch_of_collapsed_weights_warns_and_a_healthy_one_does_not():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert not perx.check_weight_scale(weights)
+
+
+def test_the_weight_scale_warning_is_shown_once_per_call_site_not_once_per_batch():
+    import warnings
+
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")  # Python's own default: once per text and place
+        for k in range(5):  # five collapsed batches of different scales from one training loop
+            assert perx.check_weight_scale(np.full(4, 10.0 ** -(4 + k)), where="loop")
+    assert len(shown) == 1 and issubclass(shown[0].category, perx.WeightScaleWarning)

@@ -23,8 +23,10 @@ def check_weight_scale(weights, *, threshold: float = 1e-3, where: str = "") -> 
     top = float(weights.max()) if len(weights) else 1.0
     if top >= threshold:
         return False
-    warnings.warn(f"{where + ': ' if where else ''}every IS weight of this batch is below {top:.1e} (threshold "
-                  f"{threshold:g}): the loss is scaled down by that factor. With normalize='buffer' one transition "
+    # the text does not carry the batch's value, so Python's default filter shows it once per call site and
+    # `where` instead of once per batch
+    warnings.warn(f"{where + ': ' if where else ''}every IS weight of a batch is below {threshold:g}: the loss "
+                  f"is scaled down by that factor or more. With normalize='buffer' one transition "
                   f"at the priority floor sets the maximum weight; use normalize='batch' (perx's default) or a "
                   f"larger eps (docs/dqn.md, 'Why PER collapsed')", WeightScaleWarning, stacklevel=2)
     return True
