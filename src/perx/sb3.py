@@ -1,10 +1,12 @@
 """Stable-Baselines3 with perx replay: PER, rank-based PER, LAP and PAL for DQN, TD3 and SAC.
 
-Tested against stable-baselines3 2.9 (``pip install "perx[sb3]"``). Two pieces:
+Tested against stable-baselines3 2.9 (``pip install "perx[sb3]"``). Three pieces:
 
 * :class:`PerxReplayBuffer`, usable as ``replay_buffer_class`` of any SB3 off-policy algorithm: a perx
   buffer behind SB3's buffer interface, with any perx sampler, n-step returns (``n_steps``) and one
   stream per SB3 sub-environment. Its samples carry ``weights`` and ``indices`` besides SB3's fields.
+* :class:`HerReplayBuffer`: hindsight experience replay (goals relabelled at sample time, ``future``, ``final``
+  or ``episode``) over any perx sampler, so prioritized HER too; a drop-in for SB3's ``HerReplayBuffer``.
 * :class:`DQN`, :class:`TD3` and :class:`SAC`: SB3's algorithms whose ``train`` weights the loss by the
   IS weights, writes |delta| back as priorities (the larger of the two critics' for TD3 and SAC, 004
   Appendix D.1) and anneals beta linearly to 1 over training (000 Sec. 3.4); ``replay=`` picks the
@@ -39,6 +41,8 @@ The switch from SB3 is three lines::
 
 from __future__ import annotations
 
+import copy
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -49,6 +53,8 @@ from gymnasium import spaces
 from stable_baselines3.common.buffers import BaseBuffer, ReplayBuffer
 from stable_baselines3.common.preprocessing import get_obs_shape
 from stable_baselines3.common.utils import polyak_update
+from stable_baselines3.her.goal_selection_strategy import GoalSelectionStrategy
+from stable_baselines3.her.her_replay_buffer import HerReplayBuffer as _SB3HerReplayBuffer
 
 import perx
 import perx.torch as ptorch
@@ -225,6 +231,11 @@ class PerxReplayBuffer(ReplayBuffer):
     def sample(self, batch_size: int, env: Any = None, beta: float | None = None
                ) -> PerxReplayBufferSamples | PerxDictReplayBufferSamples:
         batch = self.buffer.sample(batch_size, beta=self.beta if beta is None else float(beta))
+        return self._samples(batch, env)
+
+    def _samples(self, batch: perx.Batch, env: Any) -> PerxReplayBufferSamples | PerxDictReplayBufferSamples:
+        """A perx batch as SB3 samples: observations and rewards normalised (``env``: a VecNormalize or None),
+        everything but ``indices`` as tensors on the buffer's device."""
         obs = self._normalize_obs(batch["obs"], env)
         next_obs = self._normalize_obs(batch["next_obs"], env)
         if self.n_steps == 1:
@@ -249,6 +260,218 @@ class PerxReplayBuffer(ReplayBuffer):
         return self.buffer.update_priorities(indices, td_errors)
 
 
+class PerxHerReplayBufferSamples(NamedTuple):
+    """:class:`PerxDictReplayBufferSamples` of a :class:`HerReplayBuffer`, plus ``goal_indices``: int64 [B], for each
+    row the stored id whose next ``achieved_goal`` became its ``desired_goal`` (in ``observations`` and
+    ``next_observations``, its reward recomputed), or -1 where the row kept the goal it was collected with."""
+
+    observations: dict[str, th.Tensor]
+    actions: th.Tensor
+    next_observations: dict[str, th.Tensor]
+    dones: th.Tensor
+    rewards: th.Tensor
+    discounts: th.Tensor | None
+    weights: th.Tensor
+    indices: np.ndarray
+    goal_indices: np.ndarray
+
+
+#: HER's goal selection strategies (Andrychowicz et al. 2017), by SB3's names
+_STRATEGIES = ("future", "final", "episode")
+
+
+class HerReplayBuffer(PerxReplayBuffer, _SB3HerReplayBuffer):
+    """Hindsight experience replay (Andrychowicz et al. 2017) over a perx buffer: goals relabelled at sample time,
+    with any perx sampler, so prioritized HER too (``replay_buffer_class=HerReplayBuffer``).
+
+    A drop-in for SB3's ``HerReplayBuffer`` (same arguments, and SB3 treats it as one: it passes ``env``, drops it
+    when pickling, calls ``set_env`` and ``truncate_last_trajectory`` in ``load_replay_buffer``), usable with
+    :class:`DQN`, :class:`TD3`, :class:`SAC` (any ``replay``) and with SB3's own off-policy algorithms. The
+    observation space must be a ``Dict`` with ``achieved_goal`` and ``desired_goal`` keys of one shape, and
+    ``env.compute_reward(achieved_goal, desired_goal, infos)`` must take batches ([n, *goal_shape] -> [n]).
+
+    Args (besides SB3's buffer arguments, passed by the algorithm):
+        env: the training VecEnv (SB3 passes it); relabelled rewards come from
+            ``env.env_method("compute_reward", next_achieved_goal, new_goal, infos, indices=[0])``, one vectorised
+            call per batch on the first sub-environment, as SB3 does.
+        n_sampled_goal: k, relabelled transitions per original one: each sampled row is relabelled with
+            probability k / (k + 1) (independently, as in the paper's reference code; 0 turns HER off).
+        goal_selection_strategy: ``"future"`` (default), ``"final"`` or ``"episode"`` (or SB3's
+            ``GoalSelectionStrategy``).
+        copy_info_dict: keep each step's info dict and pass deep copies to ``compute_reward`` (else empty dicts).
+        sampler, seed: as :class:`PerxReplayBuffer`; ``seed`` also seeds the relabelling's generator (None: one
+            drawn from NumPy's global generator, which SB3 seeds with the model's seed).
+
+    Goal selection, in SB3's convention: for the sampled step t of an episode whose stored steps are 0..T-1, draw
+    a step j and use the ``achieved_goal`` of step j's *next* observation (the goal reached by its action):
+    ``future``: j uniform in {t, ..., T-1} (inclusive: j = t gives the goal the step itself reached, reward as
+    for success); ``final``: j = T-1; ``episode``: j uniform in {0, ..., T-1}. The reward is recomputed from the
+    step's next ``achieved_goal`` and the new goal; ``dones`` (terminations) are kept as collected.
+
+    Differences from SB3's buffer, both forced by sampling through a perx sampler that cannot skip stored
+    transitions: steps of the episode still running in a sub-environment are sampled too, and relabelled with
+    goals from the steps stored so far (T-1 = its latest step; SB3 samples finished episodes only); and an
+    episode whose oldest steps were overwritten in the ring keeps its surviving steps, ``episode`` then drawing j
+    among those (``future`` and ``final`` only look later, at steps that are always still stored; SB3 drops such
+    an episode). No goal ever comes from another episode or from overwritten data.
+
+    Priorities are kept per stored transition: the sampler draws stored ids, and the |delta| of the (possibly
+    relabelled) row is written back to the id it was drawn from, so a transition's priority is its |delta| under
+    the goal it was last replayed with. IS weights are those of the stored ids, as without HER.
+
+    Steps are stored one row per sub-environment per ``add`` (every stream steps in lockstep, as SB3's
+    collection does), with their next observation; ``n_steps`` and ``optimize_memory_usage`` are not supported.
+    """
+
+    def __init__(self, buffer_size: int, observation_space: spaces.Dict, action_space: spaces.Space,
+                 env: Any = None, device: th.device | str = "auto", n_envs: int = 1,
+                 optimize_memory_usage: bool = False, handle_timeout_termination: bool = True,
+                 n_sampled_goal: int = 4, goal_selection_strategy: Any = "future", copy_info_dict: bool = False, *,
+                 sampler: perx.Sampler | dict | None = None, seed: int | None = None) -> None:
+        if not isinstance(observation_space, spaces.Dict) or not {"achieved_goal", "desired_goal"} <= set(
+                observation_space.spaces):
+            raise ValueError(f"observation_space: HER needs a Dict space with 'achieved_goal' and 'desired_goal' "
+                             f"keys, got {observation_space}")
+        goal_shapes = {k: get_obs_shape(observation_space.spaces[k]) for k in ("achieved_goal", "desired_goal")}
+        if goal_shapes["achieved_goal"] != goal_shapes["desired_goal"]:
+            raise ValueError(f"observation_space: 'achieved_goal' and 'desired_goal' must have one shape, got "
+                             f"{goal_shapes}")
+        if optimize_memory_usage:
+            raise ValueError("optimize_memory_usage: not supported by HerReplayBuffer (nor by SB3's); pass False")
+        if isinstance(goal_selection_strategy, GoalSelectionStrategy):
+            goal_selection_strategy = goal_selection_strategy.name
+        strategy = goal_selection_strategy.lower() if isinstance(goal_selection_strategy, str) else None
+        if strategy not in _STRATEGIES:
+            raise ValueError(f"goal_selection_strategy: one of {list(_STRATEGIES)} (or SB3's GoalSelectionStrategy), "
+                             f"got {goal_selection_strategy!r}")
+        if isinstance(n_sampled_goal, bool) or not isinstance(n_sampled_goal, int | np.integer) or n_sampled_goal < 0:
+            raise ValueError(f"n_sampled_goal: a non-negative int, got {n_sampled_goal!r}")
+        super().__init__(buffer_size, observation_space, action_space, device, n_envs=n_envs,
+                         optimize_memory_usage=False, handle_timeout_termination=handle_timeout_termination,
+                         sampler=sampler, n_steps=1, seed=seed)
+        self.env = env
+        self.n_sampled_goal = int(n_sampled_goal)
+        self.goal_selection_strategy = strategy
+        self.copy_info_dict = bool(copy_info_dict)
+        #: probability that a sampled row gets a new goal: k / (k + 1)
+        self.her_ratio = self.n_sampled_goal / (self.n_sampled_goal + 1)
+        # without a seed, one drawn from NumPy's global generator: the one SB3's set_random_seed seeds
+        entropy = [seed, 0x484552] if seed is not None else np.random.randint(2**31)  # noqa: NPY002
+        self._rng = np.random.default_rng(entropy)
+        cap = self.buffer.capacity
+        # Episode bookkeeping per slot (slot = id % capacity), for the transition stored there: the id of its
+        # episode's first step, of its last step (-1 while the episode is open: then the stream's latest id),
+        # and its stream. Steps of one episode are n_envs ids apart (one row per stream per add).
+        self._ep_first = np.zeros(cap, np.int64)
+        self._ep_last = np.full(cap, -1, np.int64)
+        self._ep_stream = np.zeros(cap, np.int32)
+        #: per stream: first and latest id of its open episode (valid where self._open)
+        self._cur_first = np.zeros(n_envs, np.int64)
+        self._cur_last = np.zeros(n_envs, np.int64)
+        self._infos = np.array([{} for _ in range(cap)], dtype=object) if self.copy_info_dict else None
+
+    def add(self, obs: dict[str, np.ndarray], next_obs: dict[str, np.ndarray], action: np.ndarray,
+            reward: np.ndarray, done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+        """Store one step of every sub-environment (each value [n_envs, ...]) and link it to its episode: a step
+        continues its stream's open episode unless that episode ended (``done``) or SB3 reset the environment
+        in between (the observation is not the last next observation: that episode ends at its last step)."""
+        n, cap, open_ = self.n_envs, self.buffer.capacity, self._open
+        if open_.any():
+            same = np.ones(n, np.bool_)
+            for k, shape in self.obs_shape.items():
+                same &= (np.asarray(obs[k]).reshape((n, *shape)) == self._next_obs[k]).reshape(n, -1).all(axis=1)
+            broken = open_ & ~same
+            if broken.any():
+                self._close(np.flatnonzero(broken))
+        first = self.buffer.next_index
+        super().add(obs, next_obs, action, reward, done, infos)
+        ids = np.arange(first, first + n, dtype=np.int64)
+        start = first % cap
+        slots = slice(start, start + n) if start + n <= cap else ids % cap  # (a slice: the common case, faster)
+        self._cur_first[~open_] = ids[~open_]
+        self._ep_first[slots] = self._cur_first
+        self._ep_last[slots] = -1
+        self._ep_stream[slots] = self._streams
+        self._cur_last[:] = ids
+        open_[:] = True
+        for k, shape in self.obs_shape.items():
+            self._next_obs[k][...] = np.asarray(next_obs[k]).reshape((n, *shape))
+        if self._infos is not None:
+            for slot, info in zip(ids % cap, infos, strict=True):
+                self._infos[slot] = info
+        done = np.asarray(done, np.bool_).reshape(n)
+        if done.any():
+            self._close(np.flatnonzero(done))
+
+    def _close(self, streams: np.ndarray) -> None:
+        """End the open episodes of these streams at their latest step: every live step of each learns its end."""
+        n, cap = self.n_envs, self.buffer.capacity
+        oldest = max(0, self.buffer.next_index - cap)  # the oldest live id
+        for e in streams:
+            first, last = int(self._cur_first[e]), int(self._cur_last[e])
+            lo = max(0, -((first - oldest) // n))  # the episode's first step still stored
+            steps = np.arange(lo, (last - first) // n + 1, dtype=np.int64)
+            self._ep_last[(first + n * steps) % cap] = last
+            self._open[e] = False
+
+    def truncate_last_trajectory(self) -> None:
+        """End every open episode at its latest stored step (SB3's ``load_replay_buffer(truncate_last_traj=True)``
+        calls it: the environment is not where the saved buffer left it). The stored rows are unchanged."""
+        if self._open.any():
+            warnings.warn("The last trajectory in the replay buffer will be truncated: its episode ends at its "
+                          "latest stored step (pass truncate_last_traj=False to continue it)", stacklevel=2)
+            self._close(np.flatnonzero(self._open))
+
+    def sample_goal_indices(self, indices: np.ndarray) -> np.ndarray:
+        """For stored ids (int64 [m], live), the ids (int64 [m]) whose next ``achieved_goal`` the strategy picks as
+        their new goals; each drawn from the id's own episode, among its steps still stored, up to its latest."""
+        indices = np.asarray(indices, np.int64)
+        n, cap = self.n_envs, self.buffer.capacity
+        slots = indices % cap
+        first = self._ep_first[slots]
+        last = self._ep_last[slots]
+        last = np.where(last < 0, self._cur_last[self._ep_stream[slots]], last)  # open: its latest step
+        length = (last - first) // n + 1  # T
+        if self.goal_selection_strategy == "final":
+            step = length - 1
+        elif self.goal_selection_strategy == "future":
+            step = self._rng.integers((indices - first) // n, length)
+        else:  # "episode": any step still stored
+            oldest = max(0, self.buffer.next_index - cap)
+            step = self._rng.integers(np.maximum(0, -((first - oldest) // n)), length)
+        return first + n * step
+
+    def sample(self, batch_size: int, env: Any = None, beta: float | None = None) -> PerxHerReplayBufferSamples:
+        """B stored transitions drawn by the sampler, each relabelled with probability k / (k + 1) (see the class
+        docstring); ``env``: SB3's VecNormalize or None (goals and rewards are computed before normalising)."""
+        batch = self.buffer.sample(batch_size, beta=self.beta if beta is None else float(beta))
+        goal_ids = self._relabel(batch)
+        return PerxHerReplayBufferSamples(*self._samples(batch, env), goal_ids)
+
+    def _relabel(self, batch: perx.Batch) -> np.ndarray:
+        """Give rows of a sampled batch new goals and rewards in place; returns the goal ids (-1: kept)."""
+        goal_ids = np.full(len(batch.indices), -1, np.int64)
+        rows = np.flatnonzero(self._rng.random(len(batch.indices)) < self.her_ratio)
+        if len(rows) == 0:
+            return goal_ids
+        if self.env is None:
+            raise RuntimeError("HerReplayBuffer: no env to compute rewards with; pass env= or call set_env(env) "
+                               "(SB3 does both for a model's buffer)")
+        goal_ids[rows] = self.sample_goal_indices(batch.indices[rows])
+        goals = self.buffer.get(goal_ids[rows])["next_obs"]["achieved_goal"]
+        obs, next_obs = batch["obs"], batch["next_obs"]
+        obs["desired_goal"][rows] = goals
+        next_obs["desired_goal"][rows] = goals
+        if self._infos is not None:
+            infos = copy.deepcopy(list(self._infos[batch.indices[rows] % self.buffer.capacity]))
+        else:
+            infos = [{} for _ in rows]
+        # r_t = r(s_{t+1}, g): the goal reached is the next observation's (as SB3 and the paper)
+        rewards = self.env.env_method("compute_reward", next_obs["achieved_goal"][rows], goals, infos, indices=[0])[0]
+        batch["reward"][rows] = np.asarray(rewards, np.float32).reshape(len(rows))
+        return goal_ids
+
+
 #: beta annealed from start to end over training: 000 Sec. 3.4 / Table 3 (rank-based starts at 0.5).
 _BETA = {"per": (0.4, 1.0), "rank": (0.5, 1.0)}
 
@@ -260,8 +483,13 @@ class _PerxAlgorithm:
 
     def _configure(self, replay: Any, alpha: float | None, beta: tuple[float, float] | None, kappa: float,
                    kwargs: dict) -> dict:
-        if kwargs.get("replay_buffer_class") not in (None, PerxReplayBuffer):
-            raise ValueError("replay_buffer_class: the perx algorithms use perx.sb3.PerxReplayBuffer")
+        buffer_class = kwargs.get("replay_buffer_class")
+        if buffer_class is None:
+            buffer_class = PerxReplayBuffer
+        elif buffer_class not in (PerxReplayBuffer, HerReplayBuffer):
+            hint = " (for HER, perx.sb3.HerReplayBuffer)" if buffer_class is _SB3HerReplayBuffer else ""
+            raise ValueError(f"replay_buffer_class: the perx algorithms take perx.sb3.PerxReplayBuffer (the default) "
+                             f"or perx.sb3.HerReplayBuffer{hint}, got {buffer_class!r}")
         if isinstance(replay, perx.Sampler):
             name, sampler = "custom", replay
             if isinstance(replay, perx.Proportional) and not replay.importance_sampling:
@@ -291,7 +519,7 @@ class _PerxAlgorithm:
         buffer_kwargs["sampler"] = describe_sampler(sampler)
         if kwargs.get("seed") is not None:  # the sampler's own generator follows the algorithm's seed
             buffer_kwargs.setdefault("seed", kwargs["seed"])
-        kwargs["replay_buffer_class"] = PerxReplayBuffer
+        kwargs["replay_buffer_class"] = buffer_class
         kwargs["replay_buffer_kwargs"] = buffer_kwargs
         return kwargs
 
