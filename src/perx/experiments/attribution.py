@@ -182,7 +182,7 @@ def figure(result: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     envs = list(result["envs"])
-    fig, axes = plt.subplots(1, len(envs), figsize=(6.5 * len(envs), 4.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(envs), figsize=(6.5 * len(envs), 4.8), squeeze=False, layout="constrained")
     for ax, env in zip(axes[0], envs, strict=True):
         table = result["envs"][env]["table"]
         for c, t in table.items():
@@ -214,7 +214,7 @@ def figure(result: dict[str, Any], path: Path) -> None:
                Line2D([], [], color="gray", marker="o", mfc="white", linestyle="", label="step eta/4 (hollow)"),
                Line2D([], [], color="gray", linestyle="--", label="uniform (same eps)")]
     fig.legend(handles=handles, loc="outside right center", fontsize=8)
-    fig.suptitle("PER on MinAtar at 250k steps: score against update size (3 seeds, 95% t intervals)")
+    fig.suptitle("PER on MinAtar at 250k steps: score against update size (3 seeds, 95% t intervals, cut at 0)")
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
