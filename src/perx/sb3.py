@@ -205,8 +205,7 @@ class PerxReplayBuffer(ReplayBuffer):
         if not getattr(self, "_episodic", True):  # independent rows: no episode to end or continue
             self.buffer.extend(obs=obs, next_obs=next_obs, action=action, reward=reward, terminated=done & ~timeout,
                                truncated=done & timeout)
-            self.pos = self.buffer.next_index % self.buffer_size
-            self.full = len(self.buffer) == self.buffer_size
+            self._sync_position()
             return
         if self._dict_obs:
             same = np.ones(n, np.bool_)
@@ -225,8 +224,13 @@ class PerxReplayBuffer(ReplayBuffer):
         else:
             self._next_obs[...] = next_obs
         self._open = ~done
-        self.pos = self.buffer.next_index % self.buffer_size
-        self.full = len(self.buffer) == self.buffer_size
+        self._sync_position()
+
+    def _sync_position(self) -> None:
+        # SB3's pos and full count rows of n_envs transitions (its ReplayBuffer keeps buffer_size // n_envs rows)
+        rows = max(self.buffer.capacity // self.n_envs, 1)
+        self.pos = (self.buffer.next_index // self.n_envs) % rows
+        self.full = len(self.buffer) >= rows * self.n_envs
 
     def sample(self, batch_size: int, env: Any = None, beta: float | None = None
                ) -> PerxReplayBufferSamples | PerxDictReplayBufferSamples:

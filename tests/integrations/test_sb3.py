@@ -273,3 +273,19 @@ def test_plain_sb3_dqn_with_a_dict_space_takes_the_buffer_and_a_saved_buffer_tra
     assert again.replay_buffer.size() == 200
     again.learn(100, reset_num_timesteps=False)
     assert again.replay_buffer.size() == 300
+
+
+@pytest.mark.parametrize("n_envs", [1, 3])
+def test_pos_and_full_count_rows_of_n_envs_as_sb3_does(n_envs):
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    env = gym.make("CartPole-v1")
+    ours = perx.sb3.PerxReplayBuffer(12, env.observation_space, env.action_space, "cpu", n_envs=n_envs)
+    theirs = ReplayBuffer(12, env.observation_space, env.action_space, "cpu", n_envs=n_envs)
+    obs = np.zeros((n_envs, 4), np.float32)
+    for t in range(30):
+        row = (obs + t, obs + t + 1, np.zeros((n_envs, 1), np.int64), np.ones(n_envs, np.float32),
+               np.zeros(n_envs, bool), [{} for _ in range(n_envs)])
+        ours.add(*row)
+        theirs.add(*row)
+        assert (ours.pos, ours.full) == (theirs.pos, theirs.full), t
