@@ -66,8 +66,8 @@ def check_keys(name: str, value: Mapping, keys: tuple[str, ...]) -> None:
                             f"{_short(value[key])}")
 
 
-def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise equality, NaN equal to NaN (as ``perx.episodes._same_rows``)."""
+def same_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise equality of two arrays of equal shape, NaN equal to NaN."""
     eq = a == b
     if a.dtype.kind in "fc":
         eq |= (a != a) & (b != b)
@@ -147,7 +147,7 @@ class DictLayout:
         ra, rb = self._records(a[rows]), self._records(b[rows])
         same = np.ones(len(rows), np.bool_)
         for key in self.keys:
-            same &= _same(ra[key], rb[key])
+            same &= same_rows(ra[key], rb[key])
         eq[rows] = same
         return eq
 
@@ -155,7 +155,7 @@ class DictLayout:
         """" (key 'k')" for the first key in which the packed rows ``a`` and ``b`` differ, for messages."""
         ra, rb = self._records(a[None]), self._records(b[None])
         for key in self.keys:
-            if not _same(ra[key], rb[key])[0]:
+            if not same_rows(ra[key], rb[key])[0]:
                 return f" (key {key!r})"
         return ""
 

@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from perx._nested import DictLayout
+from perx._nested import DictLayout, same_rows
 from perx._validation import _short, check_bool, check_choice, check_positive_int, check_real, to_numpy
 
 ENDED = -1
@@ -236,14 +236,6 @@ _NO_UNITS = (False, np.zeros((1, 1)), np.zeros(1, np.int64), 1, np.zeros((1, 1))
              np.zeros((1, 1)), np.zeros(1, np.int64), 0, False, np.zeros((1, 1)), np.zeros((1, 1)))
 
 
-def _same_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise equality of two arrays of equal shape, NaN equal to NaN."""
-    eq = a == b
-    if a.dtype.kind in "fc":
-        eq |= (a != a) & (b != b)
-    return np.all(eq.reshape(len(a), -1), axis=1)
-
-
 # -- the store -----------------------------------------------------------------------------------------
 
 class EpisodeStore:
@@ -253,7 +245,7 @@ class EpisodeStore:
     #: compare with the batched path.
     one_step_path = True
     #: Row-wise equality of observations (NaN equal to NaN): by value; :class:`DictEpisodeStore` compares each key.
-    _same_rows = staticmethod(_same_rows)
+    _same_rows = staticmethod(same_rows)
 
     def __init__(self, capacity: int, cfg: Episodes) -> None:
         self.cfg = cfg
