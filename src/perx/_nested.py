@@ -15,8 +15,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from perx._validation import _short
 from perx.storage import FieldSpec
+from perx.validation import _short
 
 #: Separator of a dict field's stored names: ``"obs" + SEP + "observation"``.
 SEP = "."

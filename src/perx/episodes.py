@@ -47,7 +47,7 @@ import numpy as np
 from numba import njit
 
 from perx._nested import DictLayout, same_rows
-from perx._validation import _short, check_bool, check_choice, check_positive_int, check_real, to_numpy
+from perx.validation import _short, check_bool, check_choice, check_positive_int, check_real, to_numpy
 
 ENDED = -1
 PENDING = -2

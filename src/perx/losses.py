@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from perx._validation import check_real
+from perx.validation import check_real
 
 Array = np.ndarray
 

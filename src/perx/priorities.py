@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from perx._validation import _short, as_index_array, as_value_array, check_real
 from perx.buffer import ReplayBuffer
+from perx.validation import _short, as_index_array, as_value_array, check_real
 
 __all__ = [
     "Asymmetric",

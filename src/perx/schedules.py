@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from perx._validation import check_positive_int, check_real
+from perx.validation import check_positive_int, check_real
 
 
 class LinearSchedule:

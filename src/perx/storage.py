@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from perx._prefetch import AHEAD, prefetch
-from perx._validation import _short, check_capacity, to_numpy
+from perx.validation import _short, check_capacity, to_numpy
 
 #: How values are cast into a field: numpy's ``same_kind`` rule, plus a range check. float64 ->
 #: float32, int -> float and int -> any int type (signed or unsigned) are accepted; float -> int,
@@ -112,6 +112,7 @@ def _parse_spec(spec: Mapping) -> dict[str, FieldSpec]:
 _SCALARS = (np.generic, int, float, bool)
 _DTYPE = operator.attrgetter("dtype")
 _SHAPE = operator.attrgetter("shape")
+_FIRST = operator.itemgetter(0)
 
 
 def _as_array(value: object, name: str) -> np.ndarray:
@@ -294,6 +295,10 @@ class Storage:
         first = start % self.capacity
         if not 0 < rows <= self.capacity - first:  # empty, wrapping round or oversized: the general path
             return None
+        if rows == 1:  # one row (an SB3 or single-env step): one structured assignment, as ``write_one``
+            one.rows[first] = tuple(map(_FIRST, values))
+            self.next_id = start + 1
+            return start
         sources = list(values)  # everything is checked and viewed before anything is written
         try:
             for k, void, flatten in one.opaque:

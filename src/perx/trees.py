@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from perx._validation import as_index_array, as_value_array, check_capacity
+from perx.validation import as_index_array, as_value_array, check_capacity
 
 _SUM, _MIN, _MAX = 0, 1, 2
 _IDENTITY = {_SUM: 0.0, _MIN: np.inf, _MAX: -np.inf}

@@ -6,7 +6,7 @@ import warnings
 
 import numpy as np
 
-from perx._validation import check_choice, check_real
+from perx.validation import check_choice, check_real
 
 
 class WeightScaleWarning(UserWarning):

@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 from perx._jit import Entry, boolean, float64, int64, loose
-from perx._validation import _short
+from perx.validation import _short
 
 #: Random numbers a sampler draws ahead at a time (:meth:`Sampler._numbers`; 16 KB): a block of 2,048 uniforms
 #: costs ~4.3 us, ~2 ns a number, against ~0.45 us for each call of ``rng.random(n)`` at B = 1

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from perx._validation import _short, check_bool, check_choice, check_real
 from perx.samplers.base import Sampler, check_update, raise_bad_update, restore_rng
 from perx.samplers.proportional import Proportional
+from perx.validation import _short, check_bool, check_choice, check_real
 from perx.weights import importance_weights
 
 

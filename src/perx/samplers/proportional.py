@@ -20,10 +20,10 @@ from numba import njit
 from perx import _blocktree
 from perx._jit import Entry, array, boolean, contiguous, float64, int64, loose, uint8, uint64
 from perx._prefetch import prefetch_write
-from perx._validation import check_bool, check_choice, check_real
 from perx.samplers.base import Sampler, add_fits, check_update, raise_bad_update, update_fits
 from perx.storage import _gather_rows
 from perx.trees import MaxTree, _propagate, _rebuild, leaf_count
+from perx.validation import check_bool, check_choice, check_real
 
 #: New transitions get this priority before any priority has been seen (000 Alg. 1 line 2: p_1 = 1),
 #: or the priority floor max(eps, min_priority) if that is larger (LAP with kappa > 1).

@@ -29,10 +29,10 @@ from numba import njit
 
 from perx._jit import Entry, array, boolean, float64, int64, loose, uint8, uint64
 from perx._prefetch import AHEAD, prefetch
-from perx._validation import check_bool, check_choice, check_optional_positive_int, check_real
 from perx.samplers import _greedy, _heap, _ordered
 from perx.samplers.base import Sampler, add_fits, check_int, check_update, raise_bad_update, update_fits
 from perx.storage import _gather_rows
+from perx.validation import check_bool, check_choice, check_optional_positive_int, check_real
 
 #: Reuse cached segment boundaries while N <= N_ref * (1 + SEGMENT_REUSE).
 SEGMENT_REUSE = 0.01

@@ -1,4 +1,5 @@
-"""Argument checks shared by the core. Every error names the argument and shows the offending value."""
+"""Argument checks shared by every layer (core, agents, integrations, distributed). Every error names the
+argument and shows the offending value; a public module so that layers above the core need no private import."""
 
 from __future__ import annotations
 
