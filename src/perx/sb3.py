@@ -175,6 +175,27 @@ class PerxReplayBuffer(ReplayBuffer):
         else:
             self._next_obs = np.zeros((n_envs, *self.obs_shape), observation_space.dtype)
         self._open = np.zeros(n_envs, np.bool_)
+        self._set_fast_path()
+
+    def _set_fast_path(self) -> None:
+        """What the lean ``add`` of plain rows needs, worked out once (also for a buffer unpickled from a
+        version that did not keep it)."""
+        n = self.n_envs
+        self._plain = not self._episodic and not self._dict_obs
+        self._obs_rows = None if self._dict_obs else (n, *self.obs_shape)
+        self._action_rows = (n, self.action_dim)
+        self._no_timeout = np.zeros(n, np.bool_)
+        self._rows = max(self.buffer.capacity // n, 1)  # SB3's ReplayBuffer keeps buffer_size // n_envs rows
+
+    def __setstate__(self, state: dict) -> None:
+        parent = getattr(super(), "__setstate__", None)  # SB3's HerReplayBuffer has its own (it drops env)
+        if parent is not None:
+            parent(state)
+        else:
+            self.__dict__.update(state)
+        if "_plain" not in state:
+            self._episodic = self.n_steps > 1 or self.optimize_memory_usage
+            self._set_fast_path()
 
     @property
     def sampler(self) -> perx.Sampler:
@@ -189,6 +210,19 @@ class PerxReplayBuffer(ReplayBuffer):
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
             done: np.ndarray, infos: list[dict[str, Any]]) -> None:
         n = self.n_envs
+        if self._plain:  # independent rows of one array observation: the lean path of every SB3 step
+            terminated = np.asarray(done, np.bool_).reshape(n)
+            truncated = self._no_timeout  # no step of this add was cut by a time limit (the usual case)
+            if self.handle_timeout_termination and any(info.get("TimeLimit.truncated", False) for info in infos):
+                timeout = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos], np.bool_)
+                terminated, truncated = terminated & ~timeout, terminated & timeout
+            self.buffer.extend(obs=np.asarray(obs).reshape(self._obs_rows),
+                               next_obs=np.asarray(next_obs).reshape(self._obs_rows),
+                               action=np.asarray(action).reshape(self._action_rows),
+                               reward=np.asarray(reward, np.float32).reshape(n),
+                               terminated=terminated, truncated=truncated)
+            self._sync_position()
+            return
         if self._dict_obs:  # (SB3's DictReplayBuffer reshapes too: a Discrete key comes as [n] for shape (1,))
             obs = {k: np.asarray(obs[k]).reshape((n, *shape)) for k, shape in self.obs_shape.items()}
             next_obs = {k: np.asarray(next_obs[k]).reshape((n, *shape)) for k, shape in self.obs_shape.items()}
@@ -202,7 +236,7 @@ class PerxReplayBuffer(ReplayBuffer):
         else:
             timeout = np.zeros(n, np.bool_)
         reward = np.asarray(reward, np.float32).reshape(n)
-        if not getattr(self, "_episodic", True):  # independent rows: no episode to end or continue
+        if not self._episodic:  # independent rows (a Dict observation): no episode to end or continue
             self.buffer.extend(obs=obs, next_obs=next_obs, action=action, reward=reward, terminated=done & ~timeout,
                                truncated=done & timeout)
             self._sync_position()
@@ -228,9 +262,9 @@ class PerxReplayBuffer(ReplayBuffer):
 
     def _sync_position(self) -> None:
         # SB3's pos and full count rows of n_envs transitions (its ReplayBuffer keeps buffer_size // n_envs rows)
-        rows = max(self.buffer.capacity // self.n_envs, 1)
-        self.pos = (self.buffer.next_index // self.n_envs) % rows
-        self.full = len(self.buffer) >= rows * self.n_envs
+        rows, n = self._rows, self.n_envs
+        self.pos = (self.buffer.next_index // n) % rows
+        self.full = self.buffer.next_index >= rows * n
 
     def sample(self, batch_size: int, env: Any = None, beta: float | None = None
                ) -> PerxReplayBufferSamples | PerxDictReplayBufferSamples:
@@ -240,24 +274,34 @@ class PerxReplayBuffer(ReplayBuffer):
     def _samples(self, batch: perx.Batch, env: Any) -> PerxReplayBufferSamples | PerxDictReplayBufferSamples:
         """A perx batch as SB3 samples: observations and rewards normalised (``env``: a VecNormalize or None),
         everything but ``indices`` as tensors on the buffer's device."""
+        tensor = self._tensor
         obs = self._normalize_obs(batch["obs"], env)
         next_obs = self._normalize_obs(batch["next_obs"], env)
         if self.n_steps == 1:
             rewards, discounts = batch["reward"].reshape(-1, 1), None
         else:
             rewards = batch["return"].astype(np.float32).reshape(-1, 1)
-            discounts = self.to_torch(batch["discount"].astype(np.float32).reshape(-1, 1))
+            discounts = tensor(batch["discount"].astype(np.float32).reshape(-1, 1))
         rewards = self._normalize_reward(rewards, env)  # VecNormalize only scales: a sum scales alike
-        weights = self.to_torch(batch.weights.astype(np.float32).reshape(-1, 1))
-        dones = self.to_torch(batch["terminated"].astype(np.float32).reshape(-1, 1))
+        weights = tensor(batch.weights.astype(np.float32).reshape(-1, 1))
+        dones = tensor(batch["terminated"].astype(np.float32).reshape(-1, 1))
         if self._dict_obs:
-            return PerxDictReplayBufferSamples({k: self.to_torch(v) for k, v in obs.items()},
-                                               self.to_torch(batch["action"]),
-                                               {k: self.to_torch(v) for k, v in next_obs.items()}, dones,
-                                               self.to_torch(rewards), discounts, weights, batch.indices)
-        data = (obs, batch["action"], next_obs)
-        return PerxReplayBufferSamples(*map(self.to_torch, data), dones, self.to_torch(rewards), discounts, weights,
-                                       batch.indices)
+            return PerxDictReplayBufferSamples({k: tensor(v) for k, v in obs.items()}, tensor(batch["action"]),
+                                               {k: tensor(v) for k, v in next_obs.items()}, dones,
+                                               tensor(rewards), discounts, weights, batch.indices)
+        return PerxReplayBufferSamples(tensor(obs), tensor(batch["action"]), tensor(next_obs), dones,
+                                       tensor(rewards), discounts, weights, batch.indices)
+
+    def _tensor(self, array: np.ndarray) -> th.Tensor:
+        """``array`` as a tensor on the buffer's device. On the CPU without a copy: every array of a perx batch
+        is allocated by that ``sample`` call and referenced by nothing else (SB3's ``to_torch`` copies, ~10 us
+        per array, because its arrays are views of its storage)."""
+        if self.device.type == "cpu":
+            try:
+                return th.from_numpy(array)
+            except (TypeError, ValueError):  # a dtype torch lacks or negative strides: a copy, as SB3 makes
+                pass
+        return th.as_tensor(array, device=self.device)
 
     def update_priorities(self, indices: np.ndarray, td_errors: Any) -> int:
         """Write |delta| (any sign; a tensor with grad on any device is fine) for sampled indices."""
@@ -540,19 +584,28 @@ class _PerxAlgorithm:
 
     def _loss(self, current: th.Tensor, target: th.Tensor, weights: th.Tensor, default) -> th.Tensor:
         """One critic's loss for the configured variant; ``default`` is SB3's elementwise loss."""
-        if self.replay == "lap":
-            return ptorch.huber(current - target, kappa=self.kappa)
+        if self.replay == "lap":  # Huber, threshold kappa (004 eq. 9): torch's fused kernel, as ptorch.huber
+            return F.huber_loss(current, target, delta=self.kappa)
         if self.replay == "pal":
             return ptorch.pal(current - target, alpha=self.replay_alpha, kappa=self.kappa)
-        elementwise = default(current, target, reduction="none")
         if self.replay == "uniform":
-            return elementwise.mean()
-        return (weights * elementwise).mean()
+            return default(current, target)
+        return (weights * default(current, target, reduction="none")).mean()
 
-    def _write_priorities(self, replay_data: PerxReplayBufferSamples | PerxDictReplayBufferSamples, td: th.Tensor
-                          ) -> None:
-        if self.replay not in ("uniform", "pal"):
-            self.replay_buffer.update_priorities(replay_data.indices, td.detach().reshape(-1))
+    def _write_priorities(self, replay_data: PerxReplayBufferSamples | PerxDictReplayBufferSamples,
+                          current: th.Tensor | tuple[th.Tensor, ...], target: th.Tensor) -> None:
+        """New priorities |delta| of the sampled rows, for the variants that keep them: ``current`` is the Q-value
+        [B, 1] (DQN) or each critic's (TD3, SAC: the largest |delta| of the critics, 004 D.1). Computed here,
+        without a graph, so that uniform and PAL pay nothing for it."""
+        if self.replay in ("uniform", "pal"):
+            return
+        with th.no_grad():
+            if isinstance(current, th.Tensor):
+                td = (current - target).reshape(-1)
+            else:
+                td = th.max(th.cat([(q - target).abs() for q in current], dim=1), dim=1).values
+        # (a CPU tensor's numpy view: what perx's own conversion would make, minus its generic checks)
+        self.replay_buffer.update_priorities(replay_data.indices, td.numpy() if td.device.type == "cpu" else td)
 
 
 class DQN(_PerxAlgorithm, sb3.DQN):
@@ -578,7 +631,7 @@ class DQN(_PerxAlgorithm, sb3.DQN):
                 target = replay_data.rewards + (1 - replay_data.dones) * discounts * next_q_values.reshape(-1, 1)
             current = th.gather(self.q_net(replay_data.observations), dim=1, index=replay_data.actions.long())
             loss = self._loss(current, target, replay_data.weights, F.smooth_l1_loss)
-            self._write_priorities(replay_data, current - target)
+            self._write_priorities(replay_data, current, target)
             losses.append(loss.item())
             self.policy.optimizer.zero_grad()
             loss.backward()
@@ -615,8 +668,7 @@ class TD3(_PerxAlgorithm, sb3.TD3):
                 target = replay_data.rewards + (1 - replay_data.dones) * discounts * next_q
             current = self.critic(replay_data.observations, replay_data.actions)
             critic_loss = sum(self._loss(q, target, replay_data.weights, F.mse_loss) for q in current)
-            td = th.max(th.cat([(q - target).abs() for q in current], dim=1), dim=1).values  # 004 D.1
-            self._write_priorities(replay_data, td)
+            self._write_priorities(replay_data, current, target)
             critic_losses.append(critic_loss.item())
             self.critic.optimizer.zero_grad()
             critic_loss.backward()
@@ -682,8 +734,7 @@ class SAC(_PerxAlgorithm, sb3.SAC):
                 target = replay_data.rewards + (1 - replay_data.dones) * discounts * next_q
             current = self.critic(replay_data.observations, replay_data.actions)
             critic_loss = 0.5 * sum(self._loss(q, target, replay_data.weights, F.mse_loss) for q in current)
-            td = th.max(th.cat([(q - target).abs() for q in current], dim=1), dim=1).values
-            self._write_priorities(replay_data, td)
+            self._write_priorities(replay_data, current, target)
             critic_losses.append(critic_loss.item())
             self.critic.optimizer.zero_grad()
             critic_loss.backward()

@@ -346,7 +346,7 @@ def test_per_writes_the_relabelled_batchs_abs_delta_to_the_sampled_stored_ids():
     with torch.no_grad():  # delta of the relabelled rows: their goals and recomputed rewards
         target = data.rewards + (1 - data.dones) * model.gamma * q_target(data.next_observations).max(1)[0][:, None]
         delta = torch.gather(q_net(data.observations), 1, data.actions.long()) - target
-    np.testing.assert_allclose(seen["td"].numpy(), delta.numpy()[:, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(seen["td"]), delta.numpy()[:, 0], rtol=1e-5, atol=1e-6)
     eps = buf.sampler.config()["eps"]
     # an id drawn twice: the last write wins
     last = {int(i): abs(float(d)) + eps for i, d in zip(data.indices, delta[:, 0], strict=True)}

@@ -87,7 +87,7 @@ def test_dqn_update_weights_the_loss_and_writes_abs_delta_for_the_sampled_ids():
         q = torch.gather(model.q_net(data.observations), 1, data.actions.long())
     # |delta| written back is that of the network before the step (compare with the priorities now stored)
     stored = buf.sampler.priorities(data.indices % buf.buffer.capacity)
-    np.testing.assert_allclose(stored, np.abs(seen["td"].numpy()) + buf.sampler.eps, rtol=1e-5)
+    np.testing.assert_allclose(stored, np.abs(np.asarray(seen["td"])) + buf.sampler.eps, rtol=1e-5)
     assert q.shape == (8, 1)
 
 
@@ -289,3 +289,46 @@ def test_pos_and_full_count_rows_of_n_envs_as_sb3_does(n_envs):
         ours.add(*row)
         theirs.add(*row)
         assert (ours.pos, ours.full) == (theirs.pos, theirs.full), t
+
+
+@pytest.mark.parametrize("handle_timeout", [True, False])
+def test_one_step_rows_store_what_sb3s_buffer_stores_timeouts_included(handle_timeout):
+    from stable_baselines3.common.buffers import ReplayBuffer
+
+    space = gym.spaces.Box(-100, 100, (3,), np.float32)
+    kw = dict(n_envs=2, handle_timeout_termination=handle_timeout)
+    ours = perx.sb3.PerxReplayBuffer(40, space, gym.spaces.Discrete(3), "cpu", **kw)
+    theirs = ReplayBuffer(40, space, gym.spaces.Discrete(3), "cpu", **kw)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        done = rng.random(2) < 0.4
+        infos = [{"TimeLimit.truncated": bool(d and rng.random() < 0.5)} for d in done]
+        row = (rng.normal(size=(2, 3)).astype(np.float32), rng.normal(size=(2, 3)).astype(np.float32),
+               rng.integers(3, size=2), rng.normal(size=2).astype(np.float32), done, infos)
+        ours.add(*row)
+        theirs.add(*row)
+    stored = ours.buffer.get(np.arange(40))  # id t * 2 + env = SB3's row t, column env
+    np.testing.assert_array_equal(stored["obs"], theirs.observations.reshape(40, 3))
+    np.testing.assert_array_equal(stored["next_obs"], theirs.next_observations.reshape(40, 3))
+    np.testing.assert_array_equal(stored["action"], theirs.actions.reshape(40, 1))
+    np.testing.assert_array_equal(stored["reward"], theirs.rewards.reshape(40))
+    done, timeout = theirs.dones.reshape(40).astype(bool), theirs.timeouts.reshape(40).astype(bool)
+    assert timeout.any() == handle_timeout and (done & ~timeout).any()
+    np.testing.assert_array_equal(stored["terminated"], done & ~timeout)  # what SB3's samples call dones
+    np.testing.assert_array_equal(stored["truncated"], done & timeout)
+
+
+def test_a_buffer_pickled_without_the_fast_path_fields_unpickles_and_adds():
+    import pickle
+
+    env = gym.make("CartPole-v1")
+    buf = perx.sb3.PerxReplayBuffer(10, env.observation_space, env.action_space, "cpu")
+    state = buf.__dict__.copy()
+    for name in ("_plain", "_obs_rows", "_action_rows", "_no_timeout", "_rows"):
+        del state[name]  # as pickled by a version before the lean add
+    old = pickle.loads(pickle.dumps(buf))
+    old.__dict__.clear()
+    old.__setstate__(state)
+    old.add(np.ones((1, 4), np.float32), np.ones((1, 4), np.float32), np.array([1]), np.ones(1, np.float32),
+            np.array([False]), [{}])
+    assert len(old.buffer) == 1 and old.pos == 1 and old._plain
