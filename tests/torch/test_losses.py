@@ -72,3 +72,24 @@ def test_as_tensors_converts_a_batch():
     assert t["obs"].dtype == torch.float32 and t["obs"].shape == (4, 3)
     assert t["action"].dtype == torch.int64 and t["done"].dtype == torch.bool
     assert t["weights"].dtype == torch.float32 and t["indices"].dtype == torch.int64
+
+
+def test_per_run_thresholds_give_each_run_the_loss_of_its_own_scalar_settings():
+    """The agents' form: delta [R, B] with kappa and alpha [R, 1] (one lockstep run per row) equals, row by row,
+    the scalar loss of that row's settings; PAL's lambda is each row's own batch mean (dim=1)."""
+    g = torch.Generator().manual_seed(3)
+    delta = torch.randn(4, 50, generator=g, dtype=torch.float64) * 2
+    kappa = torch.tensor([[0.01], [0.5], [1.0], [3.0]], dtype=torch.float64)
+    alpha = torch.tensor([[0.0], [0.4], [0.6], [1.0]], dtype=torch.float64)
+    huber = pt.huber_elementwise(delta, kappa)
+    pal = pt.pal_elementwise(delta, alpha, kappa, dim=1)
+    for r in range(4):
+        k, a = float(kappa[r]), float(alpha[r])
+        torch.testing.assert_close(huber[r], pt.huber(delta[r], kappa=k, reduction="none"), rtol=1e-12, atol=0)
+        torch.testing.assert_close(pal[r], pt.pal(delta[r], alpha=a, kappa=k, reduction="none"), rtol=1e-12,
+                                   atol=0)
+    # one lambda from a shared priority (TD3: the larger |delta| of two critics) scales the whole row
+    priority = delta.abs() + 1.0
+    lam = priority.clamp(min=kappa).pow(alpha).mean(dim=1, keepdim=True)
+    torch.testing.assert_close(pt.pal_elementwise(delta, alpha, kappa, priority=priority, dim=1),
+                               pt.pal_elementwise(delta, alpha, kappa, lam=lam), rtol=1e-12, atol=0)

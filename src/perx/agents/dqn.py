@@ -43,6 +43,7 @@ import torch
 import perx
 from perx.agents import stacked
 from perx.agents.runner import LockstepRuns, VariantConfig, flush_denormals, progress_bar
+from perx.torch import losses as tlosses
 
 #: The rows of the variants under perx's defaults (preset "perx"): one step size, IS weights normalised by the
 #: batch's largest weight, RMSprop eps 1e-5 (in the base below). Chosen by the attribution experiment
@@ -315,12 +316,9 @@ def variant_loss(delta: torch.Tensor, weights: torch.Tensor, kappa: torch.Tensor
                  is_pal: torch.Tensor) -> torch.Tensor:
     """Per-run loss [R] of TD errors delta [R, B]: IS-weighted Huber with threshold kappa (004 eq. 29), or
     PAL (004 eq. 31, lambda from the batch, held constant) for the runs flagged ``is_pal``."""
-    k = kappa.unsqueeze(1)
-    a = delta.abs()
-    huber = torch.where(a <= k, 0.5 * delta * delta, k * (a - 0.5 * k))
-    al = alpha.unsqueeze(1)
-    lam = a.detach().clamp(min=k).pow(al).mean(dim=1, keepdim=True)
-    pal = torch.where(a <= k, 0.5 * k.pow(al) * delta * delta, k * a.clamp(min=k).pow(1 + al) / (1 + al)) / lam
+    k, al = kappa.unsqueeze(1), alpha.unsqueeze(1)
+    huber = tlosses.huber_elementwise(delta, k)
+    pal = tlosses.pal_elementwise(delta, al, k, dim=1)
     return torch.where(is_pal.unsqueeze(1), pal, weights * huber).mean(dim=1)
 
 

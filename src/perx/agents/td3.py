@@ -32,6 +32,7 @@ import torch
 import perx
 from perx.agents import stacked
 from perx.agents.runner import LockstepRuns, VariantConfig, flush_denormals, progress_bar
+from perx.torch import losses as tlosses
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "uniform": {"sampler": "uniform", "loss": "mse"},
@@ -114,12 +115,9 @@ def critic_loss(delta: torch.Tensor, weights: torch.Tensor, code: torch.Tensor, 
     2). PAL's lambda = mean_j max(|priority_j|, kappa)^alpha over the batch, held constant; ``priority`` is
     the larger |delta| of the two critics (one lambda for both, as the 004 code does), default |delta|."""
     k, al = kappa.unsqueeze(1), alpha.unsqueeze(1)
-    a = delta.abs()
     mse = weights * delta * delta
-    huber = torch.where(a <= k, 0.5 * delta * delta, k * (a - 0.5 * k))
-    p = a if priority is None else priority
-    lam = p.detach().clamp(min=k).pow(al).mean(dim=1, keepdim=True)
-    pal = torch.where(a <= k, 0.5 * k.pow(al) * delta * delta, k * a.clamp(min=k).pow(1 + al) / (1 + al)) / lam
+    huber = tlosses.huber_elementwise(delta, k)
+    pal = tlosses.pal_elementwise(delta, al, k, priority=priority, dim=1)
     c = code.unsqueeze(1)
     return torch.where(c == 0, mse, torch.where(c == 1, huber, pal)).mean(dim=1)
 

@@ -45,14 +45,39 @@ def l1(delta: torch.Tensor, weights: torch.Tensor | None = None, reduction: str 
     return _reduce(delta.abs(), weights, reduction)
 
 
+def huber_elementwise(delta: torch.Tensor, kappa: float | torch.Tensor) -> torch.Tensor:
+    """Elementwise Huber loss with threshold kappa (004 eq. 2 / eq. 29): 0.5 delta^2 for |delta| <= kappa, else
+    kappa (|delta| - kappa / 2). ``kappa``: a float, or a tensor broadcastable to ``delta`` (the agents' [R, 1]:
+    one threshold per lockstep run). The one Huber of perx's torch layer: :func:`huber` and the agents use it."""
+    a = delta.abs()
+    return torch.where(a <= kappa, 0.5 * delta * delta, kappa * (a - 0.5 * kappa))
+
+
 def huber(delta: torch.Tensor, kappa: float = 1.0, weights: torch.Tensor | None = None,
           reduction: str = "mean") -> torch.Tensor:
     """Huber loss, threshold kappa (004 eq. 2 / eq. 29). Equals ``torch.nn.functional.huber_loss``
     with ``delta=kappa`` (elementwise), plus IS weights."""
     kappa = _positive(kappa, "kappa")
+    return _reduce(huber_elementwise(delta, kappa), weights, reduction)
+
+
+def pal_elementwise(delta: torch.Tensor, alpha: float | torch.Tensor, kappa: float | torch.Tensor,
+                    lam: float | torch.Tensor | None = None, *, priority: torch.Tensor | None = None,
+                    dim: int | None = None) -> torch.Tensor:
+    """Elementwise PAL (004 eq. 10 / eq. 31) divided by lambda: 0.5 kappa^alpha delta^2 for |delta| <= kappa, else
+    kappa |delta|^(1+alpha) / (1+alpha).
+
+    lambda = mean max(|p|, kappa)^alpha of the batch, detached (a constant of the loss), where p is ``priority``
+    (default delta; TD3 passes the larger |delta| of its two critics, one lambda for both as 004's code does),
+    the mean taken over ``dim`` (None: every element; the agents' 1: per lockstep run), unless ``lam`` is given.
+    ``alpha`` and ``kappa``: floats or tensors broadcastable to ``delta`` ([R, 1] per run). The one PAL of perx's
+    torch layer: :func:`pal` and the agents use it."""
     a = delta.abs()
-    loss = torch.where(a <= kappa, 0.5 * delta * delta, kappa * (a - 0.5 * kappa))
-    return _reduce(loss, weights, reduction)
+    if lam is None:
+        p = (a if priority is None else priority).detach().clamp(min=kappa).pow(alpha)
+        lam = p.mean() if dim is None else p.mean(dim=dim, keepdim=True)
+    return torch.where(a <= kappa, 0.5 * kappa**alpha * delta * delta,
+                       kappa * a.clamp(min=kappa).pow(1 + alpha) / (1 + alpha)) / lam
 
 
 def pal(delta: torch.Tensor, alpha: float = 0.4, kappa: float = 1.0, lam: float | torch.Tensor | None = None,
@@ -65,12 +90,7 @@ def pal(delta: torch.Tensor, alpha: float = 0.4, kappa: float = 1.0, lam: float 
     kappa = _positive(kappa, "kappa")
     if alpha < 0:
         raise ValueError(f"alpha: must be >= 0, got {alpha!r}")
-    a = delta.abs()
-    if lam is None:
-        lam = a.detach().clamp(min=kappa).pow(alpha).mean()
-    loss = torch.where(a <= kappa, 0.5 * kappa**alpha * delta * delta,
-                       kappa * a.clamp(min=kappa).pow(1 + alpha) / (1 + alpha))
-    return _reduce(loss / lam, None, reduction)
+    return _reduce(pal_elementwise(delta, alpha, kappa, lam), None, reduction)
 
 
 def per_equivalent(delta: torch.Tensor, alpha: float = 0.6, beta: float = 0.4, tau: float = 2.0, *,
