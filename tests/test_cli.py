@@ -54,7 +54,7 @@ def test_help_columns_are_aligned_and_every_command_is_listed(capsys):
 
     assert main(["--help"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  ")]
-    assert [line.split()[0] for line in lines] == [name for name, _ in COMMANDS]
+    assert [line.split()[0] for line in lines] == [name for name, _, _ in COMMANDS]
     assert len({len(line) - len(line[2:].split(maxsplit=1)[1]) for line in lines}) == 1  # descriptions line up
 
 
@@ -163,3 +163,28 @@ def test_an_interrupted_run_leaves_git_status_clean(tmp_path):
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=repo,
                             capture_output=True, text=True, check=True)
     assert status.stdout == ""  # everything it wrote is under runs/, which git ignores
+
+
+def test_every_registered_command_resolves_to_a_function_taking_argv_and_prog():
+    import importlib
+    import inspect
+
+    from perx.cli import COMMANDS
+
+    assert len({name for name, _, _ in COMMANDS}) == len(COMMANDS)
+    for name, target, _ in COMMANDS:
+        module, function = target.split(":")
+        run = getattr(importlib.import_module(module), function)
+        assert "prog" in inspect.signature(run).parameters, name
+
+
+def test_every_registered_agent_has_a_config_variants_and_train():
+    import dataclasses
+    import importlib
+
+    from perx.experiments.study import AGENTS, agent
+
+    for name, (module, _, defaults) in AGENTS.items():
+        config_class, train = agent(name)
+        assert dataclasses.is_dataclass(config_class) and callable(train)
+        assert importlib.import_module(module).VARIANTS and set(defaults) == {"envs", "variants", "total_steps"}

@@ -38,17 +38,25 @@ DEFAULT_ENVS = ("MinAtar/Breakout-v0", "MinAtar/SpaceInvaders-v0")
 ORDER = ("uniform", "per", "rank", "lap", "pal")
 
 
+#: The agents a study can run: name -> (module, its config class, the study's defaults). A module holds a config
+#: dataclass, its ``VARIANTS``, and ``train(configs, dirs, progress=...)`` for runs in lockstep (optionally
+#: ``PRIORITY_RULES``/``SIZED_RULES`` for variant labels such as ``per+staleness``); adding an agent is that module
+#: and one line here. Defaults' ``variants`` None: every one of the module's ``VARIANTS``.
+AGENTS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    # the five of 004 Table 2 (VARIANTS also holds the App. A hybrid, run on request)
+    "dqn": ("perx.agents.dqn", "DQNConfig",
+            {"envs": list(DEFAULT_ENVS), "variants": list(PAPER_VARIANTS), "total_steps": 500_000}),
+    "td3": ("perx.agents.td3", "TD3Config",
+            {"envs": ["Hopper-v5", "HalfCheetah-v5"], "variants": None, "total_steps": 100_000}),
+}
+
+
 def agent(name: str):
-    """(config class, train function) of an agent: "dqn" or "td3"."""
-    if name == "dqn":
-        from perx.agents import dqn
-
-        return dqn.DQNConfig, dqn.train
-    if name == "td3":
-        from perx.agents import td3
-
-        return td3.TD3Config, td3.train
-    raise SystemExit(f"agent: 'dqn' or 'td3', got {name!r}")
+    """(config class, train function) of an agent named in :data:`AGENTS`."""
+    if name not in AGENTS:
+        raise SystemExit(f"agent: one of {sorted(AGENTS)}, got {name!r}")
+    module = importlib.import_module(AGENTS[name][0])
+    return getattr(module, AGENTS[name][1]), module.train
 
 
 def env_dir(env_id: str) -> str:
@@ -186,7 +194,7 @@ def grid(spec: dict) -> list[list[Any]]:
 
 def _train_group(job: tuple[list[Any], list[str], int]) -> str:
     configs, dirs, position = job
-    train = agent("td3" if type(configs[0]).__name__ == "TD3Config" else "dqn")[1]
+    train = importlib.import_module(type(configs[0]).__module__).train  # the config's own agent
     start = time.time()
     train(configs, dirs, progress=position >= 0)
     return f"{configs[0].env_id} x{len(configs)} done in {time.time() - start:.0f} s"
@@ -526,13 +534,11 @@ def study_spec(args: argparse.Namespace) -> dict:
         with open(args.config, "rb") as f:
             given = tomllib.load(f)
     name = args.agent or given.get("agent", "dqn")
-    if name == "td3":
-        from perx.agents import td3
-
-        defaults = {"envs": ["Hopper-v5", "HalfCheetah-v5"], "variants": list(td3.VARIANTS), "total_steps": 100_000}
-    else:
-        # the five of 004 Table 2 (VARIANTS also holds the App. A hybrid, run on request)
-        defaults = {"envs": list(DEFAULT_ENVS), "variants": list(PAPER_VARIANTS), "total_steps": 500_000}
+    if name not in AGENTS:
+        raise SystemExit(f"agent: one of {sorted(AGENTS)}, got {name!r}")
+    defaults = dict(AGENTS[name][2])
+    if defaults["variants"] is None:
+        defaults["variants"] = list(importlib.import_module(AGENTS[name][0]).VARIANTS)
     spec: dict[str, Any] = {"envs": defaults["envs"], "variants": defaults["variants"], "seeds": [0, 1, 2], **given}
     spec["config"] = {"total_steps": defaults["total_steps"], **given.get("config", {})}
     if name != "dqn":
@@ -560,10 +566,9 @@ def study_spec(args: argparse.Namespace) -> dict:
                              f"unknown {sorted(bad)}" if bad else f"cells.{name}: needs a variant")
     unknown = {v for v in spec["variants"] if v not in cells and split_label(v)["variant"] not in known}
     rules = {split_label(v).get("priority_rule") for v in spec["variants"] if v not in cells} - {None}
-    if rules and spec.get("agent", "dqn") == "dqn":
-        from perx.agents.dqn import PRIORITY_RULES, SIZED_RULES
-
-        names = {*PRIORITY_RULES, *SIZED_RULES}
+    module = importlib.import_module(config_class.__module__)
+    if rules and hasattr(module, "PRIORITY_RULES"):
+        names = {*module.PRIORITY_RULES, *getattr(module, "SIZED_RULES", {})}
         if rules - names:
             raise SystemExit(f"variants: unknown priority rules {sorted(rules - names)}; known "
                              f"{sorted(names)} (as per+learning-progress, rank+staleness)")
@@ -595,7 +600,7 @@ def study_main(argv: list[str] | None = None, prog: str = "perx study") -> int:
                     "(docs/dqn.md). `perx study verify <study>` reruns its first steps and compares.")
     parser.add_argument("name", help="study name: <results>/<name>/")
     parser.add_argument("--config", help="TOML file with agent, envs, variants, seeds, group and [config] fields")
-    parser.add_argument("--agent", choices=("dqn", "td3"), help="default dqn (MinAtar); td3: MuJoCo")
+    parser.add_argument("--agent", choices=tuple(AGENTS), help="default dqn (MinAtar); td3: MuJoCo")
     parser.add_argument("--envs", nargs="+", help="Gymnasium ids (default: the TOML's, else MinAtar Breakout and "
                         "SpaceInvaders)")
     parser.add_argument("--variants", nargs="+", help="variants or cells (default: the TOML's, else all five)")
