@@ -21,7 +21,7 @@ import numpy as np
 from numba import njit
 
 import perx
-from perx.bench import cpu_model, make_data
+from bench_buffer import cpu_model, make_data
 
 
 @njit(cache=True)

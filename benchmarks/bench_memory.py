@@ -24,7 +24,7 @@ import time
 import numpy as np
 from numba import njit
 
-from perx.bench import cpu_model
+from bench_buffer import cpu_model
 
 LINE = 64
 

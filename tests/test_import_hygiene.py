@@ -32,8 +32,8 @@ def imports(path: Path) -> set[str]:
 
 def test_the_core_imports_no_agents_envs_experiments_or_integrations():
     upper = ("perx.agents", "perx.envs", "perx.experiments", "perx.sb3", "perx.gym", "perx.distributed",
-             "perx.torch", "perx.bench", "perx.cli")
-    core = [p for p in SRC.glob("*.py") if p.stem not in ("sb3", "gym", "bench", "cli", "theory")]
+             "perx.torch", "perx.torchrl", "perx.cli", "bench_", "benchmarks")
+    core = [p for p in SRC.glob("*.py") if p.stem not in ("sb3", "gym", "cli", "theory")]
     core += list((SRC / "samplers").glob("*.py"))
     for path in core:
         bad = {m for m in imports(path) if m.startswith(upper) or m.split(".")[0] in HEAVY}
@@ -45,3 +45,10 @@ def test_integrations_use_the_public_api_not_private_kernels():
         private = {m for m in imports(SRC / name) if m.startswith("perx.") and any(
             part.startswith("_") for part in m.split("."))}
         assert not private, f"{name} imports {sorted(private)}"
+
+
+def test_the_package_imports_no_benchmark():
+    """Benchmarks live in the checkout's benchmarks/ folder; only ``perx.cli`` runs them, by file path."""
+    for path in SRC.rglob("*.py"):
+        bad = {m for m in imports(path) if m.startswith(("bench_", "benchmarks"))}
+        assert not bad, f"{path.relative_to(SRC)} imports {sorted(bad)}"

@@ -5,9 +5,13 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 #: The registry: (command, "module:function" it runs, what it does), in the order ``perx --help`` lists them.
 #: Each function takes (argv, prog=...) and returns an exit code; adding a command is its module plus one line.
+#: The benchmarks are files of the repository's benchmarks/ folder, not of the installed package: their commands
+#: run them from a source checkout (``pip install -e .``).
 COMMANDS = (
     ("cliffwalk", "perx.experiments.cliffwalk:main",
      "the Blind Cliffwalk study of PER Figures 1 and 2 (updates to convergence vs memory size)"),
@@ -18,13 +22,13 @@ COMMANDS = (
     ("study", "perx.experiments.study:study_main",
      "run or resume a grid of DQN or TD3 runs (envs x variants x seeds), then plot it; study verify"),
     ("plot", "perx.experiments.study:plot_main", "learning curves and the table of 004 Table 2 for a study"),
-    ("bench", "perx.bench:main",
+    ("bench", "benchmarks/bench_buffer.py:main",
      "time sample+update, add and extend against a uniform floor and peers (cpprb, tianshou)"),
-    ("bench-agents", "perx.experiments.agent_bench:main",
+    ("bench-agents", "benchmarks/bench_agents.py:main",
      "replay's cost inside the Double DQN loop per variant, and lockstep throughput"),
-    ("bench-td3", "perx.experiments.td3_overhead:main",
+    ("bench-td3", "benchmarks/bench_td3_overhead.py:main",
      "TD3's run time with perx, cpprb and Tianshou buffers swapped in (004 Table 3)"),
-    ("bench-loop", "perx.experiments.loop_bench:main",
+    ("bench-loop", "benchmarks/bench_loop.py:main",
      "the buffer's time per step inside a TD3-style loop (fake env, real networks; CUDA if present)"),
     ("supervised", "perx.experiments.supervised:main",
      "prioritized supervised learning on class-imbalanced digits (PER Sec. 6, Figure 5)"),
@@ -44,6 +48,22 @@ USAGE = ("usage: perx <command> [options]\n\ncommands:\n"
            "unless --out says otherwise.")
 
 
+def resolve(target: str) -> Callable[..., int]:
+    """The function a :data:`COMMANDS` target names: ``package.module:function``, or ``benchmarks/file.py:function``
+    for a benchmark of the source checkout (its folder goes on ``sys.path``, so benchmarks import each other
+    as they do when run as scripts, and worker processes they spawn find them)."""
+    where, function = target.rsplit(":", 1)
+    if not where.startswith("benchmarks/"):
+        return getattr(importlib.import_module(where), function)
+    folder = Path(__file__).resolve().parents[2] / "benchmarks"  # <checkout>/src/perx/cli.py
+    if not (folder / Path(where).name).is_file():
+        raise SystemExit(f"perx: {where} is not here: the benchmarks live in the repository, not in the installed "
+                         f"package; run this command from a source checkout installed with `pip install -e .`")
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))
+    return getattr(importlib.import_module(Path(where).stem), function)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         return _main(sys.argv[1:] if argv is None else argv)
@@ -60,8 +80,7 @@ def _main(argv: list[str]) -> int:
     command, rest = argv[0], argv[1:]
     for name, target, _ in COMMANDS:
         if name == command:
-            module, function = target.split(":")
-            return getattr(importlib.import_module(module), function)(rest, prog=f"perx {command}")
+            return resolve(target)(rest, prog=f"perx {command}")
     print(f"perx: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
 

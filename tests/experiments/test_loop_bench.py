@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from perx.experiments import loop_bench
+import bench_loop as loop_bench  # benchmarks/, on pytest's pythonpath
 
 
 def test_timed_wrapper_counts_only_the_time_inside_the_buffer():
