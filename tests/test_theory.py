@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import perx
-from perx import losses, theory
+from perx import losses
+from perx.experiments import theorems as theory
 
 
 @pytest.mark.parametrize("check", [theory.check_theorem1, theory.check_corollary2, theory.check_theorem2,

@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")
 import perx  # noqa: E402
 from perx import losses  # noqa: E402
 from perx import torch as pt  # noqa: E402
+from perx.experiments.theorems import td_errors  # noqa: E402
 from perx.experiments.theory import check_autograd  # noqa: E402
-from perx.theory import td_errors  # noqa: E402
 
 
 def test_autograd_gradients_equal_analytic_gradients():

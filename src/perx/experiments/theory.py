@@ -1,6 +1,6 @@
 """``perx theory``: the loss/sampling equivalence of 004, checked exactly, plus a figure of the losses.
 
-Prints one row per statement with the largest absolute error found (see :mod:`perx.theory`), adds a
+Prints one row per statement with the largest absolute error found (see :mod:`perx.experiments.theorems`), adds a
 row comparing torch autograd gradients of every ``perx.torch`` loss with the analytic gradients of
 ``perx.losses`` (when torch is installed), and writes ``theory.csv``, ``meta.json`` and
 ``losses.png`` (loss shapes and gradients: MSE, Huber, PAL for two alphas, and the PER-equivalent
@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 import perx
-from perx import losses, theory
+from perx import losses
+from perx.experiments import theorems as theory
 
 
 def check_autograd(delta: np.ndarray | None = None):
