@@ -558,6 +558,20 @@ def test_greedy_refuses_a_batch_larger_than_the_buffer():
         buf.sample(4)
 
 
+def test_greedy_is_found_where_it_lived_before_it_had_a_module_of_its_own():
+    """perx.samplers.greedy since issue 38; imports from perx.samplers.rank and pickles that name it there work."""
+    import pickle
+
+    from perx.samplers import greedy, rank
+
+    assert rank.Greedy is greedy.Greedy is perx.Greedy is perx.samplers.Greedy
+    buf = perx.ReplayBuffer(10, perx.Greedy(), seed=0)
+    buf.extend(**transitions(10))
+    old = pickle.dumps(buf, protocol=0).replace(b"perx.samplers.greedy\n", b"perx.samplers.rank\n")
+    assert b"perx.samplers.rank\nGreedy" in old and b"perx.samplers.greedy" not in old
+    np.testing.assert_array_equal(pickle.loads(old).sample(4).indices, buf.sample(4).indices)
+
+
 def test_fixed_segments_with_single_draws_follow_the_segment_probabilities():
     """segments=k, batch 1: a segment is picked at random, then a position uniformly inside it."""
     n, k, draws = 200, 8, 40_000
