@@ -25,7 +25,7 @@ from perx._nested import _NOT_DICT, DictLayout, check_keys, dict_keys, flat_name
 from perx.episodes import RESERVED, DictEpisodeStore, Episodes, EpisodeStore
 from perx.samplers.base import FLOAT64 as _FLOAT64
 from perx.samplers.base import INT64 as _INT64
-from perx.samplers.base import Sampler, check_sampler, make_generator
+from perx.samplers.base import Sampler, check_sampler, make_generator, stored_priorities
 from perx.samplers.uniform import Uniform
 from perx.storage import FieldSpec, Storage, _parse_spec
 from perx.validation import (
@@ -825,8 +825,6 @@ class ReplayBuffer:
         Raises:
             ValueError: an id that is not live, or a sampler that keeps no priorities (``perx.Uniform``).
         """
-        from perx.samplers.hybrid import stored_priorities
-
         slots = self._live(as_index_array(indices, "indices")) % self.capacity
         return stored_priorities(self.sampler, slots)
 

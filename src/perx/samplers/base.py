@@ -424,6 +424,17 @@ class Sampler:
         self._rng = restore_rng(meta["rng"])
 
 
+def stored_priorities(sampler: Sampler, slots: np.ndarray) -> np.ndarray:
+    """Raw stored priorities of ``slots`` (int64 [k]) as float64 [k], for any sampler that keeps them: its
+    ``priorities(slots)``, or the heap samplers' ``keys(slots)`` (+inf: not yet replayed, kept above every
+    replayed one). ValueError for a sampler with neither (``perx.Uniform``). O(k)."""
+    if hasattr(sampler, "priorities"):
+        return np.asarray(sampler.priorities(slots), dtype=np.float64)
+    if hasattr(sampler, "keys"):
+        return np.asarray(sampler.keys(slots), dtype=np.float64)
+    raise ValueError(f"priorities: {type(sampler).__name__} keeps no priorities")
+
+
 #: Bit generators a saved state may name; anything else is refused (``getattr(np.random, name)``
 #: would reach functions such as ``np.random.seed`` and change global state).
 BIT_GENERATORS = {cls.__name__: cls for cls in (np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937,

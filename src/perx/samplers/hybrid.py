@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from perx.samplers.base import Sampler, check_update, raise_bad_update, restore_rng
+from perx.samplers.base import Sampler, check_update, raise_bad_update, restore_rng, stored_priorities
 from perx.samplers.proportional import Proportional
 from perx.validation import _short, check_bool, check_choice, check_real
 from perx.weights import importance_weights
@@ -274,13 +274,3 @@ class Hybrid(Sampler):
         for comp, twin in zip(self.components, loaded, strict=True):
             comp.__dict__.update(twin.__dict__)
         self._rng = rng
-
-
-def stored_priorities(sampler: Sampler, slots: np.ndarray) -> np.ndarray:
-    """Raw stored priorities of ``slots`` for any sampler that keeps them (+inf: not yet replayed by a
-    heap sampler, which keeps new transitions above every replayed one). ValueError for Uniform."""
-    if hasattr(sampler, "priorities"):
-        return np.asarray(sampler.priorities(slots), dtype=np.float64)
-    if hasattr(sampler, "keys"):
-        return np.asarray(sampler.keys(slots), dtype=np.float64)
-    raise ValueError(f"priorities: {type(sampler).__name__} keeps no priorities")
