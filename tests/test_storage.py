@@ -137,9 +137,9 @@ def test_a_zero_byte_field_is_kept_apart_from_the_rows():
 
 
 def test_a_field_view_is_loaded_in_chunks_of_rows(tmp_path, monkeypatch):
-    import perx.buffer
+    import perx._format
 
-    monkeypatch.setattr(perx.buffer, "_CHUNK", 40)  # 5 rows of obs (8 bytes) per chunk: many chunks
+    monkeypatch.setattr(perx._format, "_CHUNK", 40)  # 5 rows of obs (8 bytes) per chunk: many chunks
     buf = perx.ReplayBuffer(23, seed=0)
     buf.extend(obs=np.arange(46, dtype=np.float32).reshape(23, 2), action=np.arange(23), flag=np.arange(23) % 3 == 0)
     buf.save(tmp_path / "b.perx")
