@@ -41,9 +41,9 @@ import numpy as np
 
 import perx
 from perx.envs import BlindCliffwalk
+from perx.experiments._cliffwalk_learner import CONVERGED_MSE, Learner
 from perx.experiments._pool import run_jobs
 from perx.experiments._stats import holm
-from perx.experiments.cliffwalk import CONVERGED_MSE, Learner
 from perx.priorities import Asymmetric, LearningProgress, PredecessorBoost, ReturnBoost, Staleness
 
 VARIANTS = ("uniform", "proportional", "learning-progress", "rprop-sign", "asymmetric", "return-to-go",
