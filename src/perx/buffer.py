@@ -60,9 +60,8 @@ class Batch(Mapping):
         self.indices = indices
         self.weights = weights
         self.probabilities = probabilities
-        #: for ``sample(out=...)``: [the one allocation every array of a fused batch views, the row layout of the
-        #: storage that filled it, B, its arrays as ``Storage.split`` gave them, data, data's (name, array) pairs
-        #: or None until the first refill]; else None
+        #: for ``sample(out=...)``: the refill record of a batch drawn and copied in one compiled call, a list
+        #: indexed by _RAW, _LAYOUT, _B, _ARRAYS, _DATA, _PAIRS (below); else None
         self._fill = None
 
     def __reduce__(self):
@@ -92,6 +91,13 @@ class Batch(Mapping):
 
         fields = ", ".join(f"{k}: {describe(v)}" for k, v in self.data.items())
         return f"Batch(size={len(self)}, {fields})"
+
+
+#: Positions in ``Batch._fill``: the one allocation every array of a fused batch views (uint8); the row layout of
+#: the storage that filled it; B; the batch's arrays as ``_RowLayout.pick`` gave them (ids, probabilities, weights,
+#: fields); its data dict; data's (name, array) pairs, or None until the first refill. A list rather than an object
+#: with named attributes: one is made at every fused sample, and a list display costs a fraction of a constructor.
+_RAW, _LAYOUT, _B, _ARRAYS, _DATA, _PAIRS = range(6)
 
 
 def _flat_lookup(data: dict, name: object) -> np.ndarray | None:
@@ -705,9 +711,9 @@ class ReplayBuffer:
         storage = self._storage
         fill = out._fill if type(out) is Batch else None
         # The common call passes every check in one condition (~0.15 us a call less than one by one)
-        if not (fill is not None and replace is True and type(batch_size) is int and batch_size == fill[2]
-                and type(beta) is float and 0.0 <= beta <= 1.0 and fill[5] is not None
-                and fill[1] is getattr(storage, "_layout", None) and self.sampler.fuses_gather):
+        if not (fill is not None and replace is True and type(batch_size) is int and batch_size == fill[_B]
+                and type(beta) is float and 0.0 <= beta <= 1.0 and fill[_PAIRS] is not None
+                and fill[_LAYOUT] is getattr(storage, "_layout", None) and self.sampler.fuses_gather):
             fill, batch_size, beta = self._refill_args(out, batch_size, beta, replace)
         raw, layout, _, arrays, data, pairs = fill
         next_id = storage.next_id
@@ -726,7 +732,7 @@ class ReplayBuffer:
         refill record, with its (name, array) pairs made at the first refill; batch_size; beta)."""
         storage = self._storage
         fill = out._fill if isinstance(out, Batch) else None
-        if fill is None or fill[1] is not getattr(storage, "_layout", None) or not self.sampler.fuses_gather:
+        if fill is None or fill[_LAYOUT] is not getattr(storage, "_layout", None) or not self.sampler.fuses_gather:
             raise ValueError(f"out: expected a Batch that sample() of this buffer returned from one compiled call "
                              f"(perx.Uniform, perx.Proportional, perx.RankBased in heap mode or perx.Greedy, no "
                              f"episodes, rows <= 512 bytes), got {_short(out)}")
@@ -734,12 +740,12 @@ class ReplayBuffer:
             raise ValueError("out: only sampling with replacement refills a batch; pass replace=True")
         if type(batch_size) is not int:
             batch_size = check_batch_size(batch_size)
-        if batch_size != fill[2]:  # B is the batch's own record, not len(out): the kernel writes B rows into raw
-            raise ValueError(f"out: holds {fill[2]} transitions but batch_size is {batch_size}")
+        if batch_size != fill[_B]:  # B is the batch's own record, not len(out): the kernel writes B rows into raw
+            raise ValueError(f"out: holds {fill[_B]} transitions but batch_size is {batch_size}")
         if type(beta) is not float or not 0.0 <= beta <= 1.0:
             beta = _check_beta(beta)
-        if fill[5] is None:  # made at the first refill, not at every sample
-            fill[5] = tuple(storage.fields(fill[3]).items())
+        if fill[_PAIRS] is None:  # made at the first refill, not at every sample
+            fill[_PAIRS] = tuple(storage.fields(fill[_ARRAYS]).items())
         return fill, batch_size, beta
 
     def get(self, indices) -> Batch:
