@@ -150,7 +150,7 @@ def test_an_interrupted_run_leaves_git_status_clean(tmp_path):
     subprocess.run([*git, "add", ".gitignore"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "init"], cwd=repo, check=True)
     run = subprocess.Popen([sys.executable, "-m", "perx.cli", "dqn", "--env", "CartPole-v1", "--steps", "100000",
-                            "--set", "learning_starts=100", "eval_every=200", "eval_episodes=1", "buffer_size=1000"],
+                            "--set", "learning_starts=100", "eval_every=200", "eval_episodes=1", "capacity=1000"],
                            cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120

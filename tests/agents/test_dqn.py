@@ -13,7 +13,7 @@ import perx.torch as pt  # noqa: E402
 from perx.agents import dqn, stacked  # noqa: E402
 from perx.agents.dqn import DQNConfig  # noqa: E402
 
-SMALL = dict(total_steps=400, learning_starts=100, eval_every=200, eval_episodes=2, buffer_size=1000, batch_size=16,
+SMALL = dict(total_steps=400, learning_starts=100, eval_every=200, eval_episodes=2, capacity=1000, batch_size=16,
              target_update=20, eval_max_steps=200)
 
 
@@ -149,7 +149,7 @@ def test_atari_pipeline_runs_with_frames_stored_once():
     pytest.importorskip("ale_py")
     pytest.importorskip("cv2")
     cfg = DQNConfig(env_id="ALE/Pong-v5", variant="per", total_steps=300, learning_starts=200, eval_every=300,
-                    eval_episodes=1, eval_max_steps=100, buffer_size=1000, batch_size=8, train_frequency=50)
+                    eval_episodes=1, eval_max_steps=100, capacity=1000, batch_size=8, train_frequency=50)
     runs = dqn.Runs([cfg])
     runs.start()
     assert runs.obs.shape == (1, 4, 84, 84) and runs.obs.dtype == np.uint8
@@ -316,7 +316,7 @@ def test_a_group_checkpoint_killed_at_any_point_of_its_save_resumes_bit_for_bit(
     from perx.agents import runner
 
     kw = dict(total_steps=300, learning_starts=40, eval_every=100, eval_episodes=1, eval_max_steps=30,
-              buffer_size=500, batch_size=8, target_update=10)
+              capacity=500, batch_size=8, target_update=10)
     configs = [cartpole(variant="per", seed=0, **kw), cartpole(variant="lap", seed=1, **kw)]
     full: dict[int, np.ndarray] = {}
     points: list[tuple[str, int]] = []

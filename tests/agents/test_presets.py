@@ -21,7 +21,7 @@ def test_preset_minatar_is_young_and_tian_2019():
     # size 2.5e-4, batch 32, replay 100k, one update per frame, target copy every 1000 updates, replay start
     # 5000, epsilon 1 -> 0.1 over the first 100k frames, gamma 0.99
     c = DQNConfig(preset="minatar")
-    assert (c.optimizer, c.optimizer_eps, c.learning_rate, c.batch_size, c.buffer_size, c.train_frequency,
+    assert (c.optimizer, c.optimizer_eps, c.learning_rate, c.batch_size, c.capacity, c.train_frequency,
             c.target_update, c.learning_starts, c.eps_start, c.eps_end, c.eps_decay_steps, c.gamma) == (
         "rmsprop", 0.01, 2.5e-4, 32, 100_000, 1, 1000, 5000, 1.0, 0.1, 100_000, 0.99)
     opt = dqn.Runs([DQNConfig(preset="minatar", env_id="CartPole-v1")]).optimizer
@@ -39,7 +39,7 @@ def test_preset_000_is_schaul_2016():
     # Table 3: alpha 0.6 / beta 0.4 -> 1 (proportional), 0.7 / 0.5 -> 1 (rank), eta_baseline / 4 with
     # eta_baseline = 0.00025 (Table 2), beta reaching 1 at the end of training; Sec. 3.4: max_i w_i = 1 over
     # the memory
-    assert (c.buffer_size, c.batch_size, c.train_frequency, c.learning_rate, c.beta_steps) == (
+    assert (c.capacity, c.batch_size, c.train_frequency, c.learning_rate, c.beta_steps) == (
         1_000_000, 32, 4, 2.5e-4, 300_000)
     r = rows("000")
     assert {k: r["per"][k] for k in ("alpha", "beta0", "lr_scale", "normalize", "priority_clip")} == {
@@ -57,7 +57,7 @@ def test_preset_004_is_fujimoto_2020_table_7():
     # training every 4 steps; D.2: evaluations every 50k steps
     assert (c.optimizer, c.optimizer_eps, c.learning_rate, c.batch_size, c.gamma, c.target_update,
             c.learning_starts, c.eps_start, c.eps_end, c.eps_decay_steps, c.eval_epsilon, c.train_frequency,
-            c.eval_every, c.buffer_size, c.beta_steps) == (
+            c.eval_every, c.capacity, c.beta_steps) == (
         "rmsprop", 1e-5, 6.25e-5, 32, 0.99, 8000, 20_000, 1.0, 0.01, 1_000_000, 0.001, 4, 50_000, 1_000_000,
         50_000_000)
     r = rows("004")
@@ -80,7 +80,7 @@ def test_default_preset_gives_every_variant_one_step_size_and_batch_normalised_w
 
 def test_fields_given_override_the_preset_and_config_json_records_the_resolved_values(tmp_path):
     c = DQNConfig(preset="004", learning_rate=1e-4, optimizer="adam", env_id="CartPole-v1", total_steps=10,
-                  eval_every=10, learning_starts=5, eval_episodes=1, buffer_size=100)
+                  eval_every=10, learning_starts=5, eval_episodes=1, capacity=100)
     assert (c.learning_rate, c.optimizer, c.optimizer_eps, c.target_update) == (1e-4, "adam", 1e-8, 8000)
     dqn.train(c, [tmp_path / "run"])
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -101,7 +101,7 @@ def test_unknown_preset_and_optimizer_are_refused_naming_the_value():
 
 def test_priority_clip_bounds_the_priority_written():
     runs = dqn.Runs([DQNConfig(env_id="CartPole-v1", variant="per", priority_clip=0.5, total_steps=300,
-                               learning_starts=100, buffer_size=1000, batch_size=16)])
+                               learning_starts=100, capacity=1000, batch_size=16)])
     runs.start()
     for _ in range(120):
         runs.obs, *_ = runs.recorder.step(runs.act(runs.obs, 1.0))
@@ -126,7 +126,7 @@ def update_size_ratios(preset: str, **extra) -> dict[str, float]:
     1,500-step MinAtar Breakout run (seed 0, all variants in one lockstep group)."""
     steps, starts = 1500, 300
     configs = [DQNConfig(env_id="MinAtar/Breakout-v0", variant=v, seed=0, preset=preset, total_steps=steps,
-                         learning_starts=starts, buffer_size=2000, eval_every=steps, **extra) for v in dqn.VARIANTS]
+                         learning_starts=starts, capacity=2000, eval_every=steps, **extra) for v in dqn.VARIANTS]
     from perx.agents.runner import flush_denormals
 
     torch.set_num_threads(1)
@@ -159,3 +159,21 @@ def test_the_defaults_keep_every_variants_updates_within_4x_of_uniforms():
     # (measured: per 0.006, lap 0.12, pal 0.13)
     old = update_size_ratios("minatar", train_frequency=4)
     assert all(old[v] < 0.25 for v in ("per", "lap", "pal")), old
+
+
+def test_buffer_size_is_a_deprecated_alias_of_capacity_and_old_records_still_load():
+    import dataclasses
+
+    from perx.agents.runner import same_config
+    from perx.agents.td3 import TD3Config
+
+    with pytest.warns(DeprecationWarning, match="buffer_size: renamed capacity"):
+        cfg = DQNConfig(buffer_size=5000)
+    assert cfg.capacity == 5000 and "buffer_size" not in dataclasses.asdict(cfg)
+    with pytest.warns(DeprecationWarning):
+        assert TD3Config(buffer_size=7).capacity == 7
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="buffer_size: the old name of capacity"):
+        DQNConfig(capacity=10, buffer_size=20)
+    record = dataclasses.asdict(cfg)
+    record["buffer_size"] = record.pop("capacity")  # a config.json written before the rename
+    assert dqn.config_from_record(record) == cfg and same_config(record, cfg)

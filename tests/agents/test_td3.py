@@ -12,7 +12,7 @@ from perx.agents import td3  # noqa: E402
 from perx.agents.td3 import TD3Config  # noqa: E402
 
 SMALL = dict(env_id="Pendulum-v1", total_steps=300, start_steps=100, eval_every=150, eval_episodes=1,
-             buffer_size=1000, batch_size=32, hidden=32)
+             capacity=1000, batch_size=32, hidden=32)
 
 
 def test_every_variant_runs_a_few_hundred_steps_on_pendulum():

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,14 @@ import torch
 
 import perx
 from perx.agents import stacked
-from perx.agents.runner import LockstepRuns, VariantConfig, flush_denormals, progress_bar
+from perx.agents.runner import (
+    LockstepRuns,
+    VariantConfig,
+    _take_old_name,
+    flush_denormals,
+    progress_bar,
+    renamed,
+)
 from perx.torch import losses as tlosses
 
 #: The rows of the variants under perx's defaults (preset "perx"): one step size, IS weights normalised by the
@@ -81,13 +88,13 @@ def _rows(lr_scale: float, normalize: str, priority_eps: float, priority_clip: f
 
 
 #: Fields a preset sets (a config leaves them None to take the preset's value).
-PRESET_FIELDS = ("buffer_size", "optimizer", "optimizer_eps", "learning_rate", "train_frequency", "target_update",
+PRESET_FIELDS = ("capacity", "optimizer", "optimizer_eps", "learning_rate", "train_frequency", "target_update",
                  "learning_starts", "eps_end", "eps_decay_steps", "eval_every", "beta_steps")
 
 #: MinAtar's DQN (Young & Tian 2019, their examples/dqn.py as published): centered RMSprop (alpha 0.95,
 #: eps 0.01, no momentum), eta 2.5e-4, replay 100k, one update per step, target copy every 1000 updates,
 #: replay start 5000, epsilon 1 -> 0.1 over 100k steps.
-_MINATAR = {"buffer_size": 100_000, "optimizer": "rmsprop", "optimizer_eps": 0.01, "learning_rate": 2.5e-4,
+_MINATAR = {"capacity": 100_000, "optimizer": "rmsprop", "optimizer_eps": 0.01, "learning_rate": 2.5e-4,
             "train_frequency": 1, "target_update": 1000, "learning_starts": 5_000, "eps_end": 0.1,
             "eps_decay_steps": 100_000, "eval_every": 25_000, "beta_steps": None}
 
@@ -103,13 +110,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # variants, TD errors clipped to [-1, 1], IS weights normalised by the largest in the memory (Sec. 3.4);
     # 000 gives no priority floor (perx's 1e-6); network and the rest as MinAtar's DQN (000's tuned Double DQN
     # kept Nature DQN's RMSprop, eps 0.01, as MinAtar does)
-    "000": {"base": {**_MINATAR, "train_frequency": 4, "buffer_size": 1_000_000},
+    "000": {"base": {**_MINATAR, "train_frequency": 4, "capacity": 1_000_000},
             "variants": _rows(0.25, "buffer", 1e-6, priority_clip=1.0)},
     # Fujimoto et al. 2020, Appendix D.2 / Table 7 and its code: RMSprop eps 1e-5, eta 6.25e-5 for every
     # variant, target copy every 8k updates, 20k random steps, epsilon 1 -> 0.01 over 1M steps, a 1e6 memory,
     # evaluations every 50k steps; PER: floor 1e-10, IS weights normalised per batch, beta 0.4 -> 1 over 50M
     # steps (12.5M updates)
-    "004": {"base": {"buffer_size": 1_000_000, "optimizer": "rmsprop", "optimizer_eps": 1e-5,
+    "004": {"base": {"capacity": 1_000_000, "optimizer": "rmsprop", "optimizer_eps": 1e-5,
                      "learning_rate": 6.25e-5, "train_frequency": 4, "target_update": 8_000,
                      "learning_starts": 20_000, "eps_end": 0.01, "eps_decay_steps": 1_000_000,
                      "eval_every": 50_000, "beta_steps": 50_000_000},
@@ -145,8 +152,8 @@ class DQNConfig(VariantConfig):
     Tian 2019), 000 (Schaul et al. 2016), 004 (Fujimoto et al. 2020, Table 7); docs/dqn.md, section Presets"""
     total_steps: int = 500_000
     """environment steps of training"""
-    buffer_size: int | None = None
-    """replay capacity (MinAtar paper: 100k; 000 and 004: 1M)"""
+    capacity: int | None = None
+    """replay capacity (MinAtar paper: 100k; 000 and 004: 1M); ``buffer_size`` is its deprecated old name"""
     batch_size: int = 32
     """transitions per update"""
     gamma: float = 0.99
@@ -207,7 +214,11 @@ class DQNConfig(VariantConfig):
     device: str = "cpu"
     """torch device of the networks (cuda where one exists)"""
 
-    def __post_init__(self) -> None:
+    buffer_size: InitVar[int | None] = None
+    """deprecated: the old name of ``capacity`` (perx names a buffer's size capacity in every layer)"""
+
+    def __post_init__(self, buffer_size: int | None) -> None:
+        _take_old_name(self, buffer_size)
         if self.preset not in PRESETS:
             raise ValueError(f"preset: one of {sorted(PRESETS)}, got {self.preset!r}")
         base = PRESETS[self.preset]["base"]
@@ -237,11 +248,11 @@ class DQNConfig(VariantConfig):
 def config_from_record(fields: dict[str, Any]) -> DQNConfig:
     """The DQNConfig a ``config.json`` records (its "config" entry). Records written before presets existed
     have no ``preset`` and None where the old code filled in its defaults, which are the minatar preset's."""
-    return DQNConfig(**({"preset": "minatar"} if "preset" not in fields else {}), **fields)
+    return DQNConfig(**({"preset": "minatar"} if "preset" not in fields else {}), **renamed(fields))
 
 
 #: Fields that must agree between runs trained in one lockstep group.
-SHARED = ("env_id", "total_steps", "buffer_size", "batch_size", "gamma", "n_step", "optimizer", "optimizer_eps",
+SHARED = ("env_id", "total_steps", "capacity", "batch_size", "gamma", "n_step", "optimizer", "optimizer_eps",
           "learning_rate",
           "train_frequency", "target_update", "learning_starts", "eps_start", "eps_end", "eps_decay_steps",
           "eval_every", "eval_episodes", "eval_epsilon", "eval_max_steps", "device")
@@ -276,9 +287,9 @@ PRIORITY_RULES = {
 
 #: Rules built from the config (their constants depend on the buffer size or the run length).
 SIZED_RULES = {
-    # every transition's priority grows by 1 per buffer_size updates unreplayed (order-based samplers only:
+    # every transition's priority grows by 1 per capacity updates unreplayed (order-based samplers only:
     # use it with the rank variant); the clock also gains the updates since the last target copy at each copy
-    "staleness": lambda cfg: [perx.priorities.Staleness(1.0 / cfg.buffer_size,
+    "staleness": lambda cfg: [perx.priorities.Staleness(1.0 / cfg.capacity,
                                                         horizon=float(4 * cfg.total_steps + 1))],
 }
 

@@ -12,6 +12,7 @@ import pickle
 import platform
 import subprocess
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,6 +27,28 @@ from perx.agents.envs import make_env, network_input
 from perx.gym import VectorRecorder
 
 METRICS = ("step", "episodes", "eval_return", "train_return", "loss", "steps_per_second", "runs_in_process")
+
+
+#: Config fields renamed since runs were recorded: old name -> new name (records are read with the new names).
+RENAMED = {"buffer_size": "capacity"}
+
+
+def renamed(fields: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config (config.json, study.json, overrides) with old field names replaced by today's."""
+    return {RENAMED.get(k, k): v for k, v in fields.items()}
+
+
+def _take_old_name(cfg: Any, buffer_size: int | None) -> None:
+    """``buffer_size=`` given to a config: the deprecated name of ``capacity`` (one word per idea in every layer:
+    ``perx.ReplayBuffer(capacity)``). Refused when it disagrees with a ``capacity`` also given."""
+    if buffer_size is None:
+        return
+    warnings.warn("buffer_size: renamed capacity (as perx.ReplayBuffer's); the old name will go", DeprecationWarning,
+                  stacklevel=4)
+    default = next(f.default for f in dataclasses.fields(cfg) if f.name == "capacity")
+    if cfg.capacity not in (default, buffer_size):
+        raise ValueError(f"buffer_size: the old name of capacity; got both, {buffer_size!r} and {cfg.capacity!r}")
+    object.__setattr__(cfg, "capacity", buffer_size)
 
 
 class VariantConfig:
@@ -67,7 +90,7 @@ class LockstepRuns:
         self.envs = gym.vector.SyncVectorEnv([lambda: make_env(first.env_id) for _ in range(R)],
                                              autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         self.obs_shape = self.envs.single_observation_space.shape
-        self.buffers = [perx.ReplayBuffer(first.buffer_size, samplers[r], seed=cfg.seed,
+        self.buffers = [perx.ReplayBuffer(first.capacity, samplers[r], seed=cfg.seed,
                                           episodes=perx.Episodes(n_step=getattr(first, "n_step", 1),
                                                                  gamma=first.gamma, next_obs="shared"))
                         for r, cfg in enumerate(configs)]
@@ -289,6 +312,7 @@ def checkpoint_generations(ck: Path) -> dict[int, Path]:
 def same_config(saved: dict, cfg: Any) -> bool:
     """A saved config equals ``cfg``; a field added since it was saved must hold its default there."""
     now = dataclasses.asdict(cfg)
+    saved = renamed(saved)
     defaults = {f.name: f.default for f in dataclasses.fields(cfg)}
     return all(saved[k] == v if k in saved else v == defaults[k] for k, v in now.items()) and saved.keys() <= now.keys()
 

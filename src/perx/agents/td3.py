@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ import torch
 
 import perx
 from perx.agents import stacked
-from perx.agents.runner import LockstepRuns, VariantConfig, flush_denormals, progress_bar
+from perx.agents.runner import LockstepRuns, VariantConfig, _take_old_name, flush_denormals, progress_bar
 from perx.torch import losses as tlosses
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -54,8 +54,8 @@ class TD3Config(VariantConfig):
     """seed of the networks, the environments (training: seed; evaluation: seed + 100) and the replay"""
     total_steps: int = 100_000
     """environment steps of training (004 Table 1: 3M in its code, 1M in most TD3 reports)"""
-    buffer_size: int = 1_000_000
-    """replay capacity"""
+    capacity: int = 1_000_000
+    """replay capacity; ``buffer_size`` is its deprecated old name"""
     batch_size: int = 256
     """transitions per update (Table 6)"""
     gamma: float = 0.99
@@ -90,10 +90,15 @@ class TD3Config(VariantConfig):
     """Huber threshold and LAP/PAL floor; None: the variant's"""
     device: str = "cpu"
     """torch device of the networks"""
+    buffer_size: InitVar[int | None] = None
+    """deprecated: the old name of ``capacity`` (perx names a buffer's size capacity in every layer)"""
+
+    def __post_init__(self, buffer_size: int | None) -> None:
+        _take_old_name(self, buffer_size)
 
 
 
-SHARED = ("env_id", "total_steps", "buffer_size", "batch_size", "gamma", "tau", "learning_rate", "start_steps",
+SHARED = ("env_id", "total_steps", "capacity", "batch_size", "gamma", "tau", "learning_rate", "start_steps",
           "exploration_noise", "policy_noise", "noise_clip", "policy_freq", "hidden", "eval_every",
           "eval_episodes", "eval_max_steps", "device")
 

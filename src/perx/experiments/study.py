@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from perx.agents.dqn import DQNConfig
+from perx.agents.runner import RENAMED, renamed
 from perx.experiments._stats import bootstrap_interval, holm
 
 PAPER_VARIANTS = ("uniform", "per", "rank", "lap", "pal")
@@ -110,7 +111,7 @@ def parse_overrides(pairs: list[str], config_class: type = DQNConfig, prog: str 
     out = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
-        key = key.strip().replace("-", "_")
+        key = RENAMED.get(key.strip().replace("-", "_"), key.strip().replace("-", "_"))
         if key not in fields or not _:
             refuse(prog, f"--set: expected FIELD=VALUE with a {config_class.__name__} field, got {pair!r}; "
                          f"fields: {', '.join(sorted(fields))}")
@@ -165,7 +166,7 @@ def grid_runs(spec: dict) -> list[list[tuple[str, Any]]]:
     every run of a lockstep group shares, such as the optimiser's eps) go to separate groups, in the order
     they first appear; each such set is then cut into groups of ``group`` runs.
     """
-    base = spec.get("config", {})
+    base = renamed(spec.get("config", {}))
     config_class, _ = agent(spec.get("agent", "dqn"))
     shared = importlib.import_module(config_class.__module__).SHARED
     order = spec.get("order", "variants")
