@@ -52,3 +52,26 @@ def test_the_package_imports_no_benchmark():
     for path in SRC.rglob("*.py"):
         bad = {m for m in imports(path) if m.startswith(("bench_", "benchmarks"))}
         assert not bad, f"{path.relative_to(SRC)} imports {sorted(bad)}"
+
+
+def test_layers_above_the_core_use_its_public_api_only():
+    """Agents, integrations, torch, distributed and the studies import no private core module (perx._x,
+    perx.samplers._x) and no private name (``from perx.storage import _x``); their own private helpers are theirs."""
+    above = ("agents", "experiments", "torch", "torchrl", "distributed")
+    files = [p for d in above for p in (SRC / d).rglob("*.py")]
+    files += [SRC / "sb3.py", SRC / "gym.py", SRC / "cli.py"]
+    for path in files:
+        layer = path.relative_to(SRC).parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules, names = [a.name for a in node.names], []
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                modules, names = [node.module], [a.name for a in node.names]
+            else:
+                continue
+            for module in modules:
+                parts = module.split(".")
+                if parts[0] != "perx" or (len(parts) > 1 and parts[1] == layer):
+                    continue  # another package, or this layer's own modules
+                private = [p for p in parts[1:] if p.startswith("_")] + [n for n in names if n.startswith("_")]
+                assert not private, f"{path.relative_to(SRC)} imports {module}: {private}"
