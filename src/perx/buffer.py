@@ -35,7 +35,8 @@ from perx.validation import (
     check_real,
 )
 
-# add's id array: np.empty and a store take ~0.15 us against ~0.25 for np.array([i], np.int64)
+# add's id array: np.empty plus one store, with no list to build and convert as np.array([i], np.int64) has
+# (measured: docs/history/speed.md, change 24)
 _empty = np.empty
 _int64 = np.int64
 
@@ -645,8 +646,9 @@ class ReplayBuffer:
             out: a :class:`Batch` returned by an earlier ``sample`` of this buffer with the same
                 ``batch_size``, to fill again in place and return: its arrays are overwritten (so keep no
                 reference to the old values, nor CPU tensors made from them without a copy, as
-                ``perx.torch.as_tensors`` makes them), which saves allocating the batch and its views
-                (~2 us per call). Attributes or fields rebound since are reset to the refilled arrays.
+                ``perx.torch.as_tensors`` makes them), which saves allocating the batch and its views at
+                every call (most felt at small B: benchmarks/bench_buffer.py times both). Attributes or fields
+                rebound since are reset to the refilled arrays.
                 Only for batches drawn and copied in one compiled call: ``perx.Uniform``,
                 ``perx.Proportional`` (and LAP), ``perx.RankBased`` (heap mode) and ``perx.Greedy`` with
                 replacement, without episodes, rows <= 512 bytes.
@@ -680,7 +682,7 @@ class ReplayBuffer:
         if replace is True:
             # One compiled call draws and copies the rows where the sampler and the layout allow it.
             # (Storage.batch_bytes and fields inlined, and the cache of layout.record read first: those
-            # calls cost ~1 us at B = 1)
+            # method calls were a large share of a sample at B = 1; measured: docs/history/speed.md, change 22)
             layout = storage._layout
             rec = layout.records.get(batch_size, False)
             if rec is False:
@@ -710,7 +712,8 @@ class ReplayBuffer:
     def _refill(self, out: object, batch_size: int, beta: float, replace: object) -> Batch:
         storage = self._storage
         fill = out._fill if type(out) is Batch else None
-        # The common call passes every check in one condition (~0.15 us a call less than one by one)
+        # The common call passes every check in one condition, cheaper than testing them one at a time
+        # (docs/history/speed.md, change 32)
         if not (fill is not None and replace is True and type(batch_size) is int and batch_size == fill[_B]
                 and type(beta) is float and 0.0 <= beta <= 1.0 and fill[_PAIRS] is not None
                 and fill[_LAYOUT] is getattr(storage, "_layout", None) and self.sampler.fuses_gather):
@@ -789,7 +792,8 @@ class ReplayBuffer:
             ValueError / TypeError: NaN or inf, different lengths, ids never issued, non-integer ids.
                 No priority changes then.
         """
-        # the common case checked inline (a call to _update_args costs ~0.4 us of a ~1.5 us update at B = 1)
+        # the common case checked inline (a call to _update_args would be about a quarter of an update at B = 1;
+        # docs/history/speed.md, change 22)
         if not (type(indices) is np.ndarray and type(td_errors) is np.ndarray and indices.dtype is _INT64
                 and td_errors.dtype is _FLOAT64 and indices.ndim == 1 and td_errors.shape == indices.shape):
             indices, td_errors = self._update_args(indices, td_errors, "td_errors")

@@ -73,9 +73,9 @@ class StackedLinear(_StackedLayer):
 #: inputs that need no gradient); larger maps, and inputs that need one, use a grouped convolution.
 UNFOLD_MAX_PIXELS = 256
 #: Largest fraction of nonzero inputs for which such a small map is convolved by scattering its nonzero
-#: pixels into the output (cost ~ nonzeros) rather than by unfold + baddbmm (cost ~ all pixels). On this CPU,
-#: 15 runs at batch 32 of a 10x10x4 map: 0.9 ms against 1.2 at 8% nonzero, equal near 12%, 5 ms against 1.2
-#: when dense (benchmarks/bench_stacked_nets.py has the whole network).
+#: pixels into the output (cost ~ nonzeros) rather than by unfold + baddbmm (cost ~ all pixels). On one CPU,
+#: 15 runs at batch 32 of a 10x10x4 map: scattering is faster at 8% nonzero, even near 12%, about four times
+#: slower when dense (benchmarks/bench_stacked_nets.py times the whole network; docs/dqn.md, Lockstep).
 SCATTER_MAX_DENSITY = 0.1
 
 
@@ -131,16 +131,17 @@ class StackedConv2d(_StackedLayer):
         runs, batch, channels, height, width = x.shape
         if x.requires_grad or height * width > UNFOLD_MAX_PIXELS or x.device.type != "cpu":
             # one grouped convolution (oneDNN / cuDNN): faster for large maps and when the input needs a
-            # gradient (measured on this CPU: Atari's 84x84 input 2.4 ms forward against 6.0 for the unfold,
-            # its inner layers 2-2.5x faster forward+backward)
+            # gradient (Atari's 84x84 input: forward 2.5x as fast as the unfold, its inner layers 2-2.5x
+            # faster forward+backward; measured: docs/dqn.md, Lockstep)
             weight = weight.view(runs, kh, kw, channels, -1).permute(0, 4, 3, 1, 2).reshape(-1, channels, kh, kw)
             out = nn.functional.conv2d(x.transpose(0, 1).reshape(batch, runs * channels, height, width), weight,
                                        bias.reshape(-1), stride=(sh, sw), groups=runs)
             out = out.view(batch, runs, -1, *out.shape[2:]).transpose(0, 1)
             return torch.relu(out) if self.relu else out
-        # a small dense input map: unfold + one baddbmm, channels-last out (forward 1.3 ms against 2.5 for the
-        # grouped convolution, with its ReLU and flatten, 15 runs at batch 32 of 10x10x4; forward+backward
-        # 2.5 against 3.7). [R, B, C, H', W', kh, kw] -> [R, B, H', W', kh, kw, C]: views; the reshape copies
+        # a small dense input map: unfold + one baddbmm, channels-last out (with its ReLU and flatten, 15 runs
+        # at batch 32 of 10x10x4: forward about twice as fast as the grouped convolution, forward+backward
+        # about 1.5x; docs/dqn.md, Lockstep). [R, B, C, H', W', kh, kw] -> [R, B, H', W', kh, kw, C]: views;
+        # the reshape copies
         patches = x.unfold(3, kh, sh).unfold(4, kw, sw).permute(0, 1, 3, 4, 5, 6, 2)
         oh, ow = patches.shape[2:4]
         out = torch.baddbmm(bias.unsqueeze(1), patches.reshape(runs, batch * oh * ow, -1), weight)
@@ -217,8 +218,8 @@ class _ScatterConv(torch.autograd.Function):
 
 @njit(cache=True, nogil=True)
 def _nonzeros(x):  # pragma: no cover - compiled
-    """The nonzero count of each row of x [R, n] (np.count_nonzero took 0.11 ms for MinAtar's 15 x 32
-    observations; this loop vectorises)."""
+    """The nonzero count of each row of x [R, n] (np.count_nonzero with an axis casts x to a boolean array,
+    then sums it; this loop counts in one pass and vectorises)."""
     counts = np.zeros(x.shape[0], np.int64)
     for r in range(x.shape[0]):
         n = 0

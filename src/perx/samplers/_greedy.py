@@ -10,9 +10,9 @@ costs a write of ``pos[slot]`` to a random cache line, about half of a sift's ti
   entry of that slot (a previous key, or an overwritten transition) is stale from then on;
 * ``sample(k)`` *pops* entries from the root until k live ones came out; stale ones are dropped for good.
   The k live ones are *pending*: the next sample pushes back those that no update replaced meanwhile;
-* when the heap array is full, the live entries are compacted and re-heapified (O(capacity), ~16 ms at
-  1e6, at most once per capacity / 8 pushes). The slack is kept small on purpose: stale entries make the
-  heap deeper and each pop slower.
+* when the heap array is full, the live entries are compacted and re-heapified (O(capacity), at most once
+  per capacity / 8 pushes: O(1) amortised per push). The slack is kept small on purpose: stale entries make
+  the heap deeper and each pop slower.
 
 An entry is 16 bytes, one row of ``heap`` (int64 [rows, 2]): the key's float64 bits and a tag
 ``(id - base) << vbits | stamp``. Keys are |delta| or a raw priority >= 0 (+inf for a transition not
@@ -78,11 +78,11 @@ def _sink(heap, r, end, ahead):
     With ``ahead`` (a pop, whose entry, the heap's last, sinks from the root to near the bottom), each level
     asks for the lines two and three levels below the children (rows 4c..4c+7 and 8c..8c+15: two and four
     aligned lines), whichever way the entry then goes, since the path is known one level at a time and its
-    lowest levels miss. Pops of 256 at 1e7 (with sample+update, caches evicted between blocks): 147-169 ->
-    112-115 us; one level ahead no clear gain, two to four levels 116-126 (ad-hoc
-    ``/work/proto/session15/greedy.py``). Not for the compaction's bottom-up heapify, whose short sinks only
-    pay for the hints (6.2 -> 9.7 ms at 1e6, ``gext.py``). A prefetch is a hint (perx._prefetch): the moves
-    are the same either way."""
+    lowest levels miss: about a quarter off a sample+update of 256 at 1e7 with caches evicted between blocks;
+    one level ahead gave no clear gain, two to four levels a little less. Not for the compaction's bottom-up
+    heapify, whose short sinks only pay for the hints (a compaction took half as long again). Measured:
+    docs/history/speed.md, change 29. A prefetch is a hint (perx._prefetch): the moves are the same either
+    way."""
     key = heap[r, 0]
     tag = heap[r, 1]
     while True:
@@ -201,7 +201,8 @@ def add_one(heap, cur, key, meta, pid, pstamp, slot, new_id, capacity):
 @njit(cache=True, nogil=True)
 def add(heap, cur, key, meta, pid, pstamp, slots, new_ids, capacity):
     """:func:`add_one` for each (slot, id) in turn, its steps written out: calling it per row (numba does
-    not inline it) took an extend of 256 at 1e6 from 2.6 to 21 us (tests compare the two paths' arrays)."""
+    not inline it, so each call passes every array as a struct) made an extend of 256 at least twice as slow
+    (docs/history/speed.md, change 16; tests compare the two paths' arrays)."""
     for b in range(slots.shape[0]):
         slot = slots[b]
         new_id = new_ids[b]

@@ -23,10 +23,10 @@ from perx._prefetch import AHEAD, prefetch
 from perx.samplers.base import check_update, ids_of_slots
 
 #: How many ancestors of a later new transition's position an add asks for (_place): a new transition enters
-#: at +inf and rises (~7 levels at 1e7, docs/speed.md), along a path known in advance. An extend of 256 rows
-#: with caches evicted between blocks (ad-hoc /work/proto/session15/rext.py, interleaved with the code before):
-#: 25.2-26.6 -> 18.2-18.5 us at 1e6 and 35.5-36.7 -> 26.5-32.1 at 1e7 for 4 to 8 ancestors. Updates move up or
-#: down, and asking for their ancestors too made sample+update slower (55-58 -> 75 us at 1e6 with 8).
+#: at +inf and rises (~7 levels at 1e7), along a path known in advance, so its lines can be asked for early:
+#: about a quarter off an extend of 256 rows with cold caches at 1e6 and 1e7, 4 to 8 ancestors alike. Updates
+#: move up or down, and asking for their ancestors too made sample+update slower. Measured:
+#: docs/history/speed.md, change 30.
 UP = 8
 
 
@@ -127,7 +127,8 @@ def _place(keys, ids, pos, state, slots, new_ids, values, count, capacity, next_
             pos[s] = h
         keys[h] = values[b]
         # the steps of sift(keys, ids, pos, h, size, capacity), written out: numba does not inline sift, and
-        # the call (or its inline="always") cost ~70 ns per transition, half of the loop at 1e6
+        # the call (or its inline="always"), passing every array as a struct, was half of the loop at 1e6
+        # (docs/history/speed.md, change 16)
         key = keys[h]
         iid = ids[h]
         start = h
@@ -174,8 +175,8 @@ def heap_add(keys, ids, pos, state, slots, new_ids, capacity):
 
 @njit(cache=True, nogil=True)
 def heap_add_range(keys, ids, pos, state, first, new_ids, capacity):
-    """:func:`heap_add` of the slots ``first, ..., first + len(new_ids) - 1``, made here (~0.4 us less than an
-    ``np.arange`` in Python)."""
+    """:func:`heap_add` of the slots ``first, ..., first + len(new_ids) - 1``, made here rather than by an
+    ``np.arange`` in Python: no array to make and pass in (measured: docs/history/speed.md, change 33)."""
     n = new_ids.shape[0]
     _place(keys, ids, pos, state, np.arange(first, first + n), new_ids, np.full(n, np.inf), n, capacity, 0)
 
@@ -230,7 +231,7 @@ HEAP_UPDATE = Entry(heap_update, (array(float64, 1), _I1, _I1, _I1, loose(int64,
 
 
 #: Radix digit width of the full sort: 12 bits, six digits for a 64-bit key (4096 counters per digit, 32 KiB
-#: each). 11 and 13 bits measured the same within 2% at 1e6 and 1e7 (ad-hoc ``/work/proto/session13/sortnew5.py``).
+#: each). 11 and 13 bits measured the same within 2% at 1e6 and 1e7 (docs/history/speed.md, change 23).
 _DIGIT = 12
 _DIGITS = 6
 _MASK = (1 << _DIGIT) - 1
@@ -312,11 +313,11 @@ def _sort_live_range(keys, ids, pos, size, capacity):
     Once scattered, ``keys[:size]`` and ``ids[:size]`` are the sort's scratch (``ids[:size]`` as two halves of
     uint32 payloads), so besides the id-order keys it allocates only the id check's flags (n bytes), the digit
     counts and, if some key is -0.0, the keys' copy: no payload arrays. The caller passes only C-contiguous
-    int64 ``ids`` and float64 ``keys`` (``full_sort`` checks). With the 12-bit digits, the
-    whole ``RankBased.sort``: 916 -> ~754 ms at 1e7, ~42 -> ~30 ms at 1e6 (ad-hoc
-    ``/work/proto/session13/sortp.py``, five runs each; the same arrays bit for bit). The payloads
-    start in the half where the passes end in the upper one: writing ``ids[q]`` then overwrites only the
-    payload words of positions <= q, already read."""
+    int64 ``ids`` and float64 ``keys`` (``full_sort`` checks). With the 12-bit digits, sorting in the heap's
+    own arrays took about a fifth off the whole ``RankBased.sort`` at 1e7 and over a quarter at 1e6, with the
+    same arrays bit for bit (measured: docs/history/speed.md, change 23). The payloads start in the half where
+    the passes end in the upper one: writing ``ids[q]`` then overwrites only the payload words of positions
+    <= q, already read."""
     n = size
     lo = ids[0]
     hi = ids[0]
@@ -364,9 +365,9 @@ def full_sort(keys: np.ndarray, ids: np.ndarray, pos: np.ndarray, size: int, cap
 
     The order of ``np.lexsort((ids, -keys))``: the heap holds the live ids, a contiguous range, so a
     scatter puts the keys in id order, and one stable radix sort by key keeps that order among equal keys
-    (``_sort_live_range``, one compiled call: the whole sort 270 -> 95-104 -> ~50 -> ~30 ms at 1e6). Any other
-    ids, and arrays that are not C-contiguous int64 ids and float64 keys (the fast path uses their memory as
-    scratch by word): lexsort itself."""
+    (``_sort_live_range``, one compiled call, several times faster than lexsort: docs/history/speed.md,
+    changes 17, 18 and 23). Any other ids, and arrays that are not C-contiguous int64 ids and float64 keys
+    (the fast path uses their memory as scratch by word): lexsort itself."""
     if (size and ids.dtype == np.int64 and keys.dtype == np.float64 and ids.flags.c_contiguous
             and keys.flags.c_contiguous and _sort_live_range(keys, ids, pos, size, capacity)):
         return

@@ -23,9 +23,10 @@ from numba import njit
 from perx._jit import Entry, boolean, float64, int64, loose
 from perx.validation import _short
 
-#: Random numbers a sampler draws ahead at a time (:meth:`Sampler._numbers`; 16 KB): a block of 2,048 uniforms
-#: costs ~4.3 us, ~2 ns a number, against ~0.45 us for each call of ``rng.random(n)`` at B = 1
-#: (``rng.integers(0, size, 1)``: ~2.7 us).
+#: Random numbers a sampler draws ahead at a time (:meth:`Sampler._numbers`; 16 KB). In a block they cost
+#: little each, where a call of ``rng.random(n)`` or ``rng.integers(0, size, n)`` per batch pays the Generator
+#: call's own overhead, most of a draw's cost at B = 1 (the integers were half of Uniform's sample+update
+#: there; measured: docs/history/speed.md, change 27).
 POOL = 2048
 
 #: Kernel return codes (>= 0 means "applied this many").
@@ -62,7 +63,8 @@ def check_update(ids, values, next_id, capacity, raw):
 
 
 #: numpy's own int64 and float64 dtypes: an array that has them passes an identity test (``dtype is INT64``),
-#: ~35 ns cheaper than ``dtype == np.int64``; an equal dtype that is another object takes the general checks
+#: cheaper than ``dtype == np.int64``, which goes through numpy's dtype comparison; an equal dtype that is
+#: another object takes the general checks
 INT64 = np.dtype(np.int64)
 FLOAT64 = np.dtype(np.float64)
 #: :func:`check_update` without type dispatch (perx._jit), for updates of ids int64 [B], values float64 [B]
@@ -238,8 +240,8 @@ class Sampler:
         ``kind`` 0, float64 uniforms on [0, 1) (``random(n)``); ``kind`` = size, int64 integers in [0, size)
         (``integers(0, size, n)``).
 
-        They come from a block of ``POOL`` drawn ahead (~0.1 us a call instead of ~0.45 us for uniforms, ~2.7 us
-        for integers). Calls of numpy's ``integers`` with one range concatenate (k draws then m draw what one
+        They come from a block of ``POOL`` drawn ahead: a slice of it per call instead of a Generator call (see
+        ``POOL``). Calls of numpy's ``integers`` with one range concatenate (k draws then m draw what one
         call of k + m draws, and leave the same state: numpy keeps the spare half of a 64-bit draw in the bit
         generator's state), so a block of either kind splits into calls exactly. The generator is then ahead
         of the numbers handed out; :meth:`_sync` puts it back where direct draws would have left it (the state
@@ -294,8 +296,8 @@ class Sampler:
 
     def _mark(self) -> tuple:
         """Where the generator stands, for :meth:`_rewind`: read without moving it and without dropping the
-        block drawn ahead (:meth:`_sync` would drop it, and the next call would draw a new one). ~0.8 us
-        without a block (the generator's state is copied)."""
+        block drawn ahead (:meth:`_sync` would drop it, and the next call would draw a new one). Dearer
+        without a block: the generator's state is then copied."""
         if self._pool is not None:
             return self._gen, self._pool_kind, self._pool_state, self._cursor[0]
         return self._gen, 0, self._gen.bit_generator.state, 0
@@ -328,9 +330,9 @@ class Sampler:
         """As :meth:`sample`, but in one kernel call write the ids, probabilities and weights and copy the
         drawn rows into ``out`` (``Storage.batch_bytes``: int64 ids [B], float64 probabilities [B] and
         weights [B], then the fields as ``_RowLayout.batch_dtype`` places them), for samplers with
-        ``fuses_gather``. One call instead of two, and no arrays handed back from compiled code (each
-        costs ~0.3 us), saves ~3 us per call. ``rows64`` and ``plan`` are the storage's rows (uint64
-        [capacity, row_bytes / 8]) and ``_RowLayout.plan``."""
+        ``fuses_gather``. One call instead of two, and no arrays handed back from compiled code (boxing each
+        costs more than the work at small B; measured: docs/history/speed.md, change 6). ``rows64`` and
+        ``plan`` are the storage's rows (uint64 [capacity, row_bytes / 8]) and ``_RowLayout.plan``."""
         raise NotImplementedError
 
     def sample_distinct(self, batch_size: int, beta: float, size: int, next_id: int

@@ -67,10 +67,11 @@ def _sample(heap, mass, nblocks, g, u, stratified, beta, batch_norm, use_weights
 def _sample_gather(heap, mass, nblocks, g, pool, at, n, stratified, beta, batch_norm, use_weights, next_id,
                    capacity, rows64, plan, out):
     """:func:`_sample` of the uniforms ``pool[at : at + n]`` (perx.samplers.base.Sampler._numbers's block: a
-    slice made here costs nothing, one made in Python ~0.1 us), writing ids, probabilities and weights into
-    ``out``'s first 24 * n bytes, then the drawn rows after them (:func:`perx.storage._gather_rows`): one
-    call, nothing handed back. Returns False, having written nothing, when the masses sum to no positive
-    total (checked here rather than in Python: ~0.08 us a call)."""
+    slice made here costs nothing, one made in Python is a new array object per call), writing ids,
+    probabilities and weights into ``out``'s first 24 * n bytes, then the drawn rows after them
+    (:func:`perx.storage._gather_rows`): one call, nothing handed back. Returns False, having written nothing,
+    when the masses sum to no positive total (checked here rather than in Python: one indexing fewer per
+    call; docs/history/speed.md, change 32)."""
     if not heap[1, 0] > 0.0:
         return False
     slots = np.empty(n, np.int64)
@@ -125,8 +126,8 @@ def _priority(v, raw, eps, floor):
 
 
 #: An update asks for the lines of its first EARLY slots before its checks, then each later one EARLY writes
-#: ahead (change 31 in docs/speed.md): 256 updates at 1e7 14.2-15.1 -> 13.4-13.9 us, asked for 16 ahead before
-#: (ad-hoc /work/proto/session16/grow.py, interleaved with the code before).
+#: ahead, so the raw priorities' lines arrive while the checks run: a few percent off 256 updates at 1e7
+#: against asking 16 writes ahead inside the loop (change 31 in docs/history/speed.md).
 EARLY = 256
 
 
@@ -242,8 +243,9 @@ def _add_range_historical(heap, mass, nblocks, g, prio, first, count, state, alp
 @njit(cache=True, nogil=True)
 def _add_one(heap, mass, nblocks, g, prio, slot, state, alpha):
     """:func:`_add` of one slot without the max tree (``max_priority="historical"``): ``state[0]`` is the
-    priority every new transition gets (read here: ``state[0]`` in Python costs ~60 ns). The same float64
-    operations as ``_add`` of ``[slot]``, so the trees end bit for bit the same."""
+    priority every new transition gets (read here, saving an indexing in Python per add:
+    docs/history/speed.md, change 24). The same float64 operations as ``_add`` of ``[slot]``, so the trees end
+    bit for bit the same."""
     p = state[0]
     prio[slot] = p
     mass[slot] = _mass(p, alpha)
@@ -367,7 +369,8 @@ class Proportional(Sampler):
             slots, self.alpha, self._state, self._track_max, self.initial_priority, self.floor)
 
     def on_add_range(self, first, ids):
-        # the slots made inside the compiled call (np.arange here costs ~0.4 us)
+        # the slots made inside the compiled call: no np.arange made here and passed in
+        # (docs/history/speed.md, change 33)
         if self._track_max:
             _ADD_RANGE.fn(self._heap, self._mass, self._nblocks, self._g, self.max_tree.nodes, self._priority,
                           self._leaf_base, first, ids.shape[0], self.alpha, self._state, True,
@@ -380,7 +383,8 @@ class Proportional(Sampler):
         if self._track_max:
             super().on_add_one(slot, id)
             return
-        # one compiled call of 8 arguments, no arrays made: ~0.4 us instead of ~1.3 for on_add
+        # one compiled call of 8 arguments, no arrays made: about a third of what on_add costs
+        # (docs/history/speed.md, change 11)
         _ADD_ONE.fn(self._heap, self._mass, self._nblocks, self._g, self._priority, slot, self._state, self.alpha)
 
     def _no_mass(self, size: int, what: str) -> ValueError:
@@ -404,7 +408,8 @@ class Proportional(Sampler):
     fuses_gather = True
 
     def sample_gather(self, batch_size, beta, size, next_id, rows64, plan, out):
-        # Sampler._numbers inlined, the kernel slicing the block itself (~0.1 us a call)
+        # Sampler._numbers inlined, the kernel slicing the block itself: no Python call and no slice object
+        # per sample
         pool = self._pool
         cur = self._cursor
         at = cur[0]
@@ -516,10 +521,10 @@ class Proportional(Sampler):
                     self._leaf_base, size, self.alpha, self._track_max)
 
 
-# The kernels the buffer calls at every step, each bound to one signature (perx._jit: no type dispatch,
-# ~0.25 us a call). The heap, masses, priorities, max tree and state are made in Proportional.__init__ and
-# _allocate with exactly these types, the block of uniforms by Sampler._refill, the rows and plan by
-# perx.storage, out right before the call;
+# The kernels the buffer calls at every step, each bound to one signature (perx._jit: no type dispatch, which
+# was about a tenth of a sample+update at B = 1; docs/history/speed.md, change 26). The heap, masses,
+# priorities, max tree and state are made in Proportional.__init__ and _allocate with exactly these types,
+# the block of uniforms by Sampler._refill, the rows and plan by perx.storage, out right before the call;
 # slots of new transitions are contiguous, ids and values of an update take any strides (dtype, rank and
 # contiguity checked before the call).
 _F2, _F1 = array(float64, 2), array(float64, 1)
