@@ -42,7 +42,7 @@ def leftovers(path: Path) -> list[Path]:
     """Temporary files of earlier saves of ``path`` whose process has gone (same host only)."""
     folder = path.parent
     prefix, host, me = _prefix(path), _host(), os.getpid()
-    found = []
+    found: list[Path] = []
     try:
         entries = os.listdir(folder or ".")
     except OSError:

@@ -117,7 +117,7 @@ class DictLayout:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, DictLayout) and (self.keys, self.frames) == (other.keys, other.frames)
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # deliberately unhashable (equality is by value)
 
     def pack(self, values: Mapping[str, np.ndarray], lead: tuple[int, ...]) -> np.ndarray:
         """uint64 [*lead, words] from key -> array [*lead, *unit] (checked and cast beforehand)."""

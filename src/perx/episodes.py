@@ -41,7 +41,7 @@ last one ended, e.g. continued after ``end_episodes``), and only the recorder kn
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numba import njit
@@ -246,6 +246,14 @@ class EpisodeStore:
     one_step_path = True
     #: Row-wise equality of observations (NaN equal to NaN): by value; :class:`DictEpisodeStore` compares each key.
     _same_rows = staticmethod(same_rows)
+    #: The observation stores of shared mode (``next_obs="shared"``): the ring of units (observations, or frames
+    #: with stacks), each stream's pending next unit, and the final units of ended episodes. None until
+    #: :meth:`allocate` fixes the observation layout (``obs_spec``); read only in shared mode after it, or
+    #: after an ``is not None`` check. Typed as set, since the write, gather and load paths read them without
+    #: narrowing (hot paths: no per-call checks).
+    units: np.ndarray
+    head_units: np.ndarray
+    final_units: np.ndarray
 
     def __init__(self, capacity: int, cfg: Episodes) -> None:
         self.cfg = cfg
@@ -262,7 +270,7 @@ class EpisodeStore:
         #: Stored fields a batch does not copy at the sampled rows: gather() computes them for the window.
         self.derived = frozenset(("terminated", "truncated") + (() if cfg.shared else (cfg.next_name,)))
         self.obs_spec: tuple[tuple[int, ...], np.dtype] | None = None
-        self.units = self.final_units = self.head_units = None
+        self.units = self.final_units = self.head_units = None  # type: ignore[assignment]  # until allocate()
         self.final_free = np.empty(0, np.int64)
 
     # layouts -------------------------------------------------------------------------------------
@@ -348,13 +356,14 @@ class EpisodeStore:
         inside = prev_in >= 0
         continuing = np.where(inside, ~ended[np.maximum(prev_in, 0)], self.head_open[e])
         pred = np.where(continuing, np.where(inside, ids[np.maximum(prev_in, 0)], self.head[e]), -1)
-        plan = {"e": e, "ended": ended, "pred": pred, "prev_in": prev_in, "next_in": next_in,
-                "continuing": continuing}
+        plan: dict[str, Any] = {"e": e, "ended": ended, "pred": pred, "prev_in": prev_in, "next_in": next_in,
+                                "continuing": continuing}
         if cfg.shared:
             k = cfg.frame_stack
             if k and k > 1:
                 self._check_gaps(ids, pred, continuing, inside)
-            plan["cur"], plan["nxt"] = (obs[:, -1], next_obs[:, -1]) if k else (obs, next_obs)
+            # shared mode: the buffer always passes the observations
+            plan["cur"], plan["nxt"] = (obs[:, -1], next_obs[:, -1]) if k else (obs, next_obs)  # type: ignore[index]
         if cfg.check:
             self._check_continuity(obs, next_obs, plan, stored_next, next_id)
         return plan
@@ -727,7 +736,7 @@ class EpisodeStore:
         would build them from frames of another stream or episode. Needs ``self.pred`` and ``self.head``
         restored (from checked values)."""
         cfg, cap = self.cfg, self.capacity
-        k = cfg.frame_stack
+        k = cast(int, cfg.frame_stack)  # called only with frame stacks
         linked = rpred >= 0
         far = linked & (ring_ids - rpred > cfg.frame_margin // max(k - 1, 1))
         if k > 1 and far.any():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Final, Literal
 
 import numpy as np
 from numba import njit
@@ -28,7 +29,7 @@ from perx.validation import _short, check_capacity, to_numpy
 #: float32, int -> float and int -> any int type (signed or unsigned) are accepted; float -> int,
 #: int -> bool and str -> anything are refused; a value that the narrowing cast would change (300
 #: into int8, -1 into uint8, 1e39 into float32) is refused too, so nothing is stored wrapped or overflowed.
-CASTING = "same_kind"
+CASTING: Final = "same_kind"
 
 # How a source dtype is checked on its way into a field (see _cast_rule).
 _SAFE, _INT_RANGE, _FLOAT_RANGE = 0, 1, 2
@@ -287,7 +288,9 @@ class Storage:
         against ~6.2 for ``prepare`` + ``write`` (``docs/speed.md``, change 33).
         """
         one = self._one
-        exact = None if one is None else one.exact_batch(fields)
+        if one is None:
+            return None
+        exact = one.exact_batch(fields)
         if exact is None:
             return None
         values, rows = exact
@@ -311,11 +314,12 @@ class Storage:
         self.next_id = start + rows
         return start
 
-    def prepare(self, fields: Mapping, *, batched: bool) -> tuple[dict[str, np.ndarray], int, dict | None]:
+    def prepare(self, fields: Mapping, *, batched: bool) -> tuple[Mapping[str, np.ndarray], int, dict | None]:
         """Validate and convert one transition (``batched=False``) or a batch; changes nothing.
 
         Returns:
-            (arrays ready to write, number of rows, a new spec if this call fixes the layout or None).
+            (arrays ready to write, number of rows, a new spec if this call fixes the layout or None). The
+            arrays are ``fields`` itself where nothing needs converting (a batch of the fields' own dtypes).
 
         Raises:
             ValueError: missing or extra fields, wrong shapes, batch lengths that differ.
@@ -391,7 +395,7 @@ class Storage:
         return (f". The field's dtype {f.dtype} was inferred from the first add/extend; to choose it, "
                 f"pass spec={{{entry}, ...}} to ReplayBuffer")
 
-    def write(self, arrays: dict[str, np.ndarray], rows: int, new_spec: dict | None, *, batched: bool
+    def write(self, arrays: Mapping[str, np.ndarray], rows: int, new_spec: dict | None, *, batched: bool
               ) -> tuple[np.ndarray, np.ndarray]:
         """Write what ``prepare`` returned. Returns (ids [rows], slots actually written [<= capacity])."""
         if new_spec is not None:
@@ -424,11 +428,11 @@ class Storage:
                     data[name][first : first + kept] = arr
         else:
             for name, arr in arrays.items():
-                dst = data[name]
+                field = data[name]
                 src = arr[skip:]
-                dst[first : first + head] = src[:head]
+                field[first : first + head] = src[:head]
                 if head < kept:
-                    dst[: kept - head] = src[head:]
+                    field[: kept - head] = src[head:]
         self.next_id = start + rows
         ids = np.arange(start, start + rows, dtype=np.int64)
         if head == kept:  # no wrap: the slots are consecutive (an arange is ~6x cheaper than a modulo)
@@ -512,6 +516,11 @@ def _accepted_scalars(dtype: np.dtype) -> dict[type, tuple | None]:
     return accept
 
 
+#: The checks ``_OneRow.learn`` works out for one combination of value types: (array checks [(position, dtype,
+#: shape)], range checks [(position, lo, hi)]), or False where that combination takes the general path.
+_Checks = tuple[list[tuple[int, np.dtype, tuple[int, ...]]], list[tuple[int, Any, Any]]] | Literal[False]
+
+
 class _OneRow:
     """The fast paths of a single add (``Storage.write_one``) and of an extend of exact arrays (``exact_batch``):
     the rows as one structured record per transition, the fields' dtypes and shapes, and per combination of
@@ -533,7 +542,7 @@ class _OneRow:
         self.fields = [(f.dtype, f.shape, _accepted_scalars(f.dtype) if f.shape == () else {})
                        for f in spec.values()]
         #: tuple of value types -> (array checks [(position, dtype, shape)], range checks [(position, lo, hi)])
-        self.known: dict[tuple, tuple | bool] = {}
+        self.known: dict[tuple, _Checks] = {}
         #: per field, in spec order, where ``Storage.write_batch`` copies a batch to: the field's bytes in the
         #: rows as [capacity, 1] of one opaque element per row (a field of several elements: numpy copies 256
         #: such rows in ~0.8 us against ~1.4 for its strided copy of the elements), or the field's own view
@@ -581,18 +590,19 @@ class _OneRow:
     def build(spec: dict[str, FieldSpec], layout: _RowLayout, rows: np.ndarray) -> _OneRow | None:
         return None if layout.loose else _OneRow(spec, layout, rows)  # a field kept apart: the general path
 
-    def learn(self, kinds: tuple) -> tuple | bool:
+    def learn(self, kinds: tuple) -> _Checks:
         """Work out (and remember) the checks for one combination of value types."""
-        arrays, bounded = [], []
-        checks: tuple | bool = (arrays, bounded)
+        arrays: list[tuple[int, np.dtype, tuple[int, ...]]] = []
+        bounded: list[tuple[int, Any, Any]] = []
+        checks: _Checks = (arrays, bounded)
         for k, (kind, (dtype, shape, accept)) in enumerate(zip(kinds, self.fields, strict=True)):
             if kind is np.ndarray:
                 arrays.append((k, dtype, shape))
             elif kind not in accept:
                 checks = False
                 break
-            elif accept[kind] is not None:
-                bounded.append((k, *accept[kind]))
+            elif (bound := accept[kind]) is not None:
+                bounded.append((k, *bound))
         if len(self.known) >= 64:  # callers that vary their types endlessly: keep the table small
             self.known.clear()
         self.known[kinds] = checks
@@ -672,7 +682,7 @@ class _RowLayout:
         """(bytes, dtype) of the batch record of b rows for a sampler's compiled draw and copy
         (``Sampler.sample_gather``), or None where numpy's per-field gather is used instead (fields kept
         apart, rows over 512 bytes, records over 1 GiB). Cached in ``records`` (at most 64 batch sizes)."""
-        rec = self.records.get(b, False)
+        rec: tuple[int, np.dtype] | Literal[False] | None = self.records.get(b, False)
         if rec is False:
             rec = None
             if not self.loose and self.fits(b):
@@ -689,7 +699,7 @@ class _RowLayout:
         a multiple of 8 bytes, in spec order (built anew: :meth:`record` caches it)."""
         names = [*self.extras, *self.names]
         offsets = [0, 8 * b, 16 * b]
-        formats = [(np.int64, (b,)), (np.float64, (b,)), (np.float64, (b,))]
+        formats: list[tuple[Any, tuple[int, ...]]] = [(np.int64, (b,)), (np.float64, (b,)), (np.float64, (b,))]
         pos = 24 * b
         for n in self.names:
             offsets.append(pos)
