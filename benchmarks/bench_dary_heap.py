@@ -1,5 +1,5 @@
 """A prototype, not used by perx: RankBased-style priority updates in a binary heap against 4- and 8-ary heaps
-(docs/speed.md, "What is left").
+(docs/speed.md, "Deliberate limits"; docs/history/speed.md, "What is left").
 
 A 1e6-entry heap sorted by key (valid for any arity), then 400 batches of 256 updates at positions drawn with
 a power-law density like rank-based segments, new keys uniform in [0, 1); 32 MB are rewritten before each
