@@ -139,3 +139,33 @@ def test_pal_uses_one_lambda_for_both_critics():
     lam = top.clamp(min=1.0).pow(0.4).mean()
     got = td3.critic_loss(d1, torch.ones_like(d1), torch.tensor([2]), torch.tensor([1.0]), torch.tensor([0.4]), top)
     assert got.item() == pytest.approx((pt.pal(d1[0], 0.4, 1.0, lam=lam)).item(), rel=1e-6)
+
+
+def test_preset_004_samples_as_its_code_and_perx_keeps_the_committed_studys_setting():
+    per = td3.make_sampler(TD3Config(variant="per", preset="004")).config()
+    assert (per["alpha"], per["eps"], per["normalize"], per["stratified"]) == (0.6, 1e-10, "batch", False)
+    assert td3.make_sampler(TD3Config(variant="lap", preset="004")).config()["stratified"] is False
+    # the default preset is what results/mujoco ran: weights over the buffer-wide largest, stratified draws
+    committed = td3.make_sampler(TD3Config(variant="per")).config()
+    assert (committed["normalize"], committed["stratified"]) == ("buffer", True)
+    assert td3.make_sampler(TD3Config(variant="lap")).config() == perx.LAP(alpha=0.4, kappa=1.0).config()
+
+
+@pytest.mark.parametrize(("preset", "beta_steps", "step", "expected"), [
+    ("004", None, 100_000, 0.415),  # 004's code: 0.4 + 2e-7 per update, 75k updates after 25k random steps
+    ("004", None, 3_025_000, 1.0),
+    ("perx", None, 62_500, 0.7),  # the whole run: halfway between 25k and 100k
+    ("perx", 150_000, 100_000, 0.7),  # an explicit horizon wins over the preset's
+])
+def test_beta_reaches_one_over_the_presets_horizon(preset, beta_steps, step, expected):
+    cfg = TD3Config(variant="per", preset=preset, beta_steps=beta_steps, env_id="Pendulum-v1", total_steps=100_000,
+                    start_steps=25_000)
+    runs = td3.Runs([cfg])
+    runs.step = step
+    assert runs.beta(0) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize(("field", "value"), [("preset", "003"), ("beta_steps", 0), ("beta_steps", True)])
+def test_bad_preset_or_beta_horizon_is_refused_naming_it(field, value):
+    with pytest.raises(ValueError, match=field):
+        TD3Config(**{field: value})

@@ -123,6 +123,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "variants": _rows(1.0, "batch", 1e-10)},
 }
 
+PRESET_HELP = ("named settings: perx (defaults that learn with every variant), minatar (Young & Tian 2019), 000 "
+               "(Schaul et al. 2016), 004 (Fujimoto et al. 2020); docs/dqn.md")
+
 #: The optimisers' own eps, used when a config picks another optimiser than its preset's.
 OPTIMIZER_EPS = {"rmsprop": 0.01, "adam": 1e-8}
 

@@ -42,6 +42,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 _LOSS_CODES = {"mse": 0, "huber": 1, "pal": 2}
 
+#: Named settings (``TD3Config.preset``) of how the prioritized variants sample; the variants' rows above
+#: (alpha, beta0, eps, kappa, losses: 004 Table 6) are the same under both. ``beta_steps``: updates over which
+#: beta goes from beta0 to 1 (None: the whole run).
+PRESETS: dict[str, dict[str, Any]] = {
+    # the committed MuJoCo study's setting (results/mujoco): per's IS weights divided by the buffer-wide largest
+    # (000 Sec. 3.4), stratified draws, beta reaching 1 at the end of the run
+    "perx": {"normalize": "buffer", "stratified": True, "beta_steps": None},
+    # 004's code (LAP-PAL, continuous/utils.py): weights divided by the batch's largest, one uniform draw per
+    # sample over the whole sum (not stratified; LAP too), beta + 2e-7 per update from 0.4: 1 after 3M updates
+    # (0.415 at 100k steps with 25k random ones)
+    "004": {"normalize": "batch", "stratified": False, "beta_steps": 3_000_000},
+}
+PRESET_HELP = ("named settings of the prioritized variants: perx (the committed MuJoCo study's: buffer-wide IS "
+               "normalisation, beta to 1 over the run), 004 (Fujimoto et al.'s code: per-batch normalisation, "
+               "unstratified draws, beta to 1 over 3M updates); docs/td3.md")
+
 
 @dataclass(frozen=True)
 class TD3Config(VariantConfig):
@@ -52,6 +68,8 @@ class TD3Config(VariantConfig):
     """uniform, per, lap or pal (the table in the module docstring)"""
     seed: int = 0
     """seed of the networks, the environments (training: seed; evaluation: seed + 100) and the replay"""
+    preset: str = "perx"
+    """how per and lap sample: perx or 004 (:data:`PRESETS`; docs/td3.md)"""
     total_steps: int = 100_000
     """environment steps of training (004 Table 1: 3M in its code, 1M in most TD3 reports)"""
     capacity: int = 1_000_000
@@ -86,6 +104,8 @@ class TD3Config(VariantConfig):
     """priority exponent; None: the variant's"""
     beta0: float | None = None
     """initial IS exponent, annealed to 1; None: the variant's"""
+    beta_steps: int | None = None
+    """updates over which beta reaches 1 (linear from beta0); None: the preset's (perx: the whole run, 004: 3M)"""
     kappa: float | None = None
     """Huber threshold and LAP/PAL floor; None: the variant's"""
     device: str = "cpu"
@@ -95,6 +115,15 @@ class TD3Config(VariantConfig):
 
     def __post_init__(self, buffer_size: int | None) -> None:
         _take_old_name(self, buffer_size)
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset: one of {sorted(PRESETS)}, got {self.preset!r}")
+        if self.beta_steps is not None and (isinstance(self.beta_steps, bool) or self.beta_steps < 1):
+            raise ValueError(f"beta_steps: a number of updates >= 1, got {self.beta_steps!r}")
+
+    def beta_horizon(self) -> int:
+        """Updates over which beta goes from beta0 to 1: ``beta_steps``, else the preset's, else the run's."""
+        steps = self.beta_steps or PRESETS[self.preset]["beta_steps"]
+        return steps if steps is not None else max(1, self.total_steps - self.start_steps)
 
 
 
@@ -104,13 +133,13 @@ SHARED = ("env_id", "total_steps", "capacity", "batch_size", "gamma", "tau", "le
 
 
 def make_sampler(cfg: TD3Config) -> perx.Sampler:
-    s = cfg.settings()
+    s, preset = cfg.settings(), PRESETS[cfg.preset]
     if s["sampler"] == "uniform":
         return perx.Uniform()
     if s["sampler"] == "proportional":
-        # the committed MuJoCo study's setting (buffer-wide normalisation); 004's per-batch one is issue 41's preset
-        return perx.Proportional(alpha=s["alpha"], eps=s.get("eps", 1e-6), normalize="buffer")
-    return perx.LAP(alpha=s["alpha"], kappa=s["kappa"])
+        return perx.Proportional(alpha=s["alpha"], eps=s.get("eps", 1e-6), normalize=preset["normalize"],
+                                 stratified=preset["stratified"])
+    return perx.LAP(alpha=s["alpha"], kappa=s["kappa"], stratified=preset["stratified"])
 
 
 def critic_loss(delta: torch.Tensor, weights: torch.Tensor, code: torch.Tensor, kappa: torch.Tensor,
@@ -172,9 +201,9 @@ class Runs(LockstepRuns):
         self.centre = torch.as_tensor((self.high + self.low) / 2, device=dev)
 
     def beta(self, r: int) -> float:
-        """beta0 at the first update (after the random start steps), 1 at the end of training."""
-        c = self.cfg
-        done = (self.step - c.start_steps) / max(1, c.total_steps - c.start_steps)
+        """beta0 at the first update (after the random start steps), 1 after the run's beta horizon."""
+        cfg = self.configs[r]
+        done = (self.step - cfg.start_steps) / cfg.beta_horizon()
         return self.beta0[r] + (1.0 - self.beta0[r]) * min(1.0, max(0.0, done))
 
     def pi(self, net: stacked.StackedNet, obs: torch.Tensor) -> torch.Tensor:

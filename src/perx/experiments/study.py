@@ -489,8 +489,7 @@ def dqn_main(argv: list[str] | None = None, prog: str = "perx dqn", agent_name: 
     presets = getattr(module, "PRESETS", None)
     if presets is not None:
         parser.add_argument("--preset", default=defaults.preset, choices=list(presets),
-                            help="named settings: perx (defaults that learn with every variant), minatar (Young & "
-                                 "Tian 2019), 000 (Schaul et al. 2016), 004 (Fujimoto et al. 2020); docs/dqn.md")
+                            help=getattr(module, "PRESET_HELP", "named settings; see the agent's docs"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds, trained in lockstep (default 0)")
     parser.add_argument("--steps", type=int, default=None,
                         help=f"total environment steps (default {defaults.total_steps:,})")
