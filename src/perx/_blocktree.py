@@ -98,7 +98,7 @@ def find(heap, mass, nblocks, g, targets, out):
 def find_into(heap, mass, nblocks, g, t, out):
     """:func:`find` that uses its arguments as its scratch: the targets ``t`` are overwritten, and ``out``
     (int64, as long as ``t``) holds each draw's node until it holds its slot. No arrays are made (each small
-    one costs ~30 ns, a tenth of the search at B = 1)."""
+    one would cost about a tenth of the search at B = 1: docs/history/speed.md, change 34)."""
     n = t.shape[0]
     node = out
     node[:] = 1
@@ -196,10 +196,9 @@ def propagate(heap, mass, nblocks, g, slots, count):
     step, as the search descends: a node is recomputed from its four grandchildren, which share one line (the
     children's level in between is not kept, :func:`maintained_rows`). At each step the paths that meet
     (consecutive entries with the same ancestor, as sorted slots give) merge into one, so the upper levels cost
-    what their few distinct nodes cost. Two levels per step instead of one: 14.9 -> 10.2 us for 256 sorted
-    slots at N = 2^20, 31 -> 21 us at 2^24; without the children's rows written, the update kernel of 256
-    15.5-17.8 -> 13.4-14.1 us at 1e6 and 23.2-25.0 -> 16.9-17.2 us at 1e7 (ad-hoc
-    ``/work/proto/session11/sparts2.py``, warm, interleaved with the code before).
+    what their few distinct nodes cost. Two levels per step instead of one took about a third off 256 sorted
+    slots at N = 2^20 and 2^24 (docs/history/speed.md, change 20); no longer writing the children's rows took
+    a further eighth to a fifth off the update kernel of 256 at 1e6 and over a quarter at 1e7 (change 25).
     """
     pos = np.empty(count, np.int64)
     cnt = 0

@@ -1,8 +1,8 @@
 """Calling a compiled kernel without numba's type dispatch.
 
 A call through a numba dispatcher types every argument and looks the signature up among the compiled
-ones before it runs the machine code: ~0.25 us of a 14-18 argument call (sample 1.12 -> 0.84 us, update
-0.70 -> 0.46 us at B = 1, ad-hoc ``/work/proto/session14/ep2.py``), a tenth of a sample+update at B = 1.
+ones before it runs the machine code: a quarter to a third of a kernel call of 14-18 arguments at B = 1, a
+tenth of a whole sample+update there (measured: docs/history/speed.md, change 26).
 :class:`Entry` compiles (or loads from numba's disk cache) one explicit signature on first use and then
 calls that overload's own entry point, which only unboxes the arguments.
 

@@ -26,7 +26,8 @@ def flat_name(field: str, key: str) -> str:
     return f"{field}{SEP}{key}"
 
 
-#: Types that are never dicts, told apart without ``isinstance(value, Mapping)`` (an ABC check: ~0.3 us)
+#: Types that are never dicts, told apart without ``isinstance(value, Mapping)`` (an ABC check, through
+#: ``ABCMeta.__instancecheck__`` and its caches: several times the cost of a frozenset lookup of the type)
 _NOT_DICT = frozenset((np.ndarray, bool, int, float, list, tuple, np.bool_, np.int8, np.int16, np.int32, np.int64,
                        np.uint8, np.uint16, np.uint32, np.uint64, np.float16, np.float32, np.float64))
 

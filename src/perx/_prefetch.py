@@ -3,8 +3,8 @@
 A batched kernel that walks B independent random addresses (a tree descent level by level, a row gather)
 is bound by how many cache misses are in flight at once. Out-of-order execution overlaps only the few
 iterations in its window; asking for the line of the element D iterations ahead keeps more misses in flight.
-Measured on the development VM, 256 draws of the block-tree search with D = 16: 21.7 -> 15.2 us at N = 2^20
-and 44.4 -> 23.7 us at N = 2^24 (ad-hoc ``/work/proto/session11/fpref.py``, caches disturbed between calls).
+With D = 16, 256 draws of the block-tree search took about 30% less time at N = 2^20 and nearly half less at
+N = 2^24, caches disturbed between calls (measured: docs/history/speed.md, change 21).
 
 A prefetch is a hint: it never faults (the address need not be valid) and changes no value, so the kernels
 that use it return exactly what they returned without it.

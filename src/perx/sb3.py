@@ -157,7 +157,8 @@ class PerxReplayBuffer(ReplayBuffer):
                 "terminated": ((), np.bool_), "truncated": ((), np.bool_)}
         # Episodes only where they are needed (n-step windows, next observations stored once): one-step
         # transitions with their next observation stored are independent rows, which perx samples and copies
-        # in one compiled call (the episode bookkeeping cost 0.3 ms per SB3 step in a profile of DQN)
+        # in one compiled call (in a profile of DQN the episode bookkeeping was a sizeable part of each SB3
+        # step; the loop's speed: results/sb3_bench.md, docs/training_loops.md, "Speed")
         self._episodic = n_steps > 1 or optimize_memory_usage
         episodes = perx.Episodes(n_step=n_steps, gamma=gamma, streams=n_envs,
                                  next_obs="shared" if optimize_memory_usage else "stored") if self._episodic else None
@@ -294,8 +295,9 @@ class PerxReplayBuffer(ReplayBuffer):
 
     def _tensor(self, array: np.ndarray) -> th.Tensor:
         """``array`` as a tensor on the buffer's device. On the CPU without a copy: every array of a perx batch
-        is allocated by that ``sample`` call and referenced by nothing else (SB3's ``to_torch`` copies, ~10 us
-        per array, because its arrays are views of its storage)."""
+        is allocated by that ``sample`` call and referenced by nothing else (SB3's ``to_torch`` copies each
+        array, because its arrays are views of its storage: part of what perx saves on sampling, see
+        docs/training_loops.md, "Speed", and results/sb3_bench.md)."""
         if self.device.type == "cpu":
             try:
                 return th.from_numpy(array)

@@ -219,7 +219,7 @@ class Storage:
         self._layout = layout
         self._one = _OneRow.build(spec, layout, rows)
         # Source dtypes already known to cast into each field, with the value check each needs
-        # (np.can_cast costs ~0.4 us, so the rule is worked out once per source dtype).
+        # (np.can_cast is a slow call next to a dict lookup, so the rule is worked out once per source dtype).
         self._castable = {name: {f.dtype: _SAFE} for name, f in spec.items()}
 
     def _infer_spec(self, fields: Mapping, batched: bool) -> dict[str, FieldSpec]:
@@ -248,8 +248,8 @@ class Storage:
 
         The fast path of ``ReplayBuffer.add``: the values' types are looked up as one tuple among the type
         combinations already worked out (``_OneRow.learn``), the arrays' dtypes and shapes and the narrowing
-        scalars' ranges are checked, then the row is written with one structured assignment. ~1 us instead
-        of ~3.5 for ``prepare`` + ``write``.
+        scalars' ranges are checked, then the row is written with one structured assignment: about a third of
+        the time of ``prepare`` + ``write`` (docs/history/speed.md, change 11).
         """
         one = self._one
         if one is None or len(fields) != one.count:
@@ -284,8 +284,8 @@ class Storage:
 
         The fast path of ``ReplayBuffer.extend``: the values are taken in one call, checked for type, dtype
         and shape, then each field is copied once (a field of several elements as one opaque element per
-        row, as in ``write``). ~4.2 us for 256 rows of the benchmark's six fields, of which the copies 2.5,
-        against ~6.2 for ``prepare`` + ``write`` (``docs/speed.md``, change 33).
+        row, as in ``write``). For 256 rows of the benchmark's six fields, about two thirds of the time of
+        ``prepare`` + ``write``, more than half of it the copies themselves (docs/history/speed.md, change 33).
         """
         one = self._one
         if one is None:
@@ -420,9 +420,10 @@ class Storage:
             for name, arr in arrays.items():
                 dst = flat.get(name)
                 if dst is not None and arr.dtype == dst[2] and arr.flags.c_contiguous:
-                    # a field of several elements per row, copied as one opaque element per row: numpy's copy
-                    # of 256 such rows costs ~0.8 us against ~1.4 us for its strided copy of the elements
-                    # (a [rows, k] array views as [rows, 1] of the opaque element directly: the reshape is ~0.15 us)
+                    # a field of several elements per row, copied as one opaque element per row: numpy copies
+                    # such rows in a little over half the time of its strided copy of the elements
+                    # (docs/history/speed.md, change 8). A [rows, k] array views as [rows, 1] of the opaque
+                    # element directly, so only fields of two or more axes pay for a reshape (change 28)
                     dst[0][first : first + kept] = (arr if arr.ndim == 2 else arr.reshape(kept, -1)).view(dst[1])
                 else:
                     data[name][first : first + kept] = arr
@@ -469,7 +470,8 @@ class Storage:
 
 
 #: Below this batch size numpy's per-field gather is cheaper than one kernel call and the batch's views
-#: (measured at N = 1e6 with six fields: 3.0 vs 3.7 us at B = 1, 5.7 vs 5.1 us at B = 32, 22.7 vs 15.3 at 256).
+#: (at N = 1e6 with six fields, numpy's is the faster at B = 1, the kernel about a tenth faster at B = 32 and a
+#: third at 256; the choice: docs/history/speed.md, change 1).
 _KERNEL_GATHER_MIN = 16
 #: Above this row size numpy's per-field gather (a memcpy per row and field) wins: the kernel's whole-row
 #: scratch copy doubles the traffic of large rows (Atari stacks stored twice per row: 2.2x slower at B = 256).
@@ -544,8 +546,9 @@ class _OneRow:
         #: tuple of value types -> (array checks [(position, dtype, shape)], range checks [(position, lo, hi)])
         self.known: dict[tuple, _Checks] = {}
         #: per field, in spec order, where ``Storage.write_batch`` copies a batch to: the field's bytes in the
-        #: rows as [capacity, 1] of one opaque element per row (a field of several elements: numpy copies 256
-        #: such rows in ~0.8 us against ~1.4 for its strided copy of the elements), or the field's own view
+        #: rows as [capacity, 1] of one opaque element per row (a field of several elements: numpy copies such
+        #: rows in a little over half the time of its strided copy of the elements; docs/history/speed.md,
+        #: change 8), or the field's own view
         self.targets = []
         #: (position, that opaque dtype, whether its batch is flattened to [rows, elements] first: a field of
         #: more than one axis) for each field of several elements
@@ -580,8 +583,8 @@ class _OneRow:
             return None
         rows = values[0].shape[0]
         shapes = self.batch_shapes.get(rows) or self.shapes_of(rows)
-        # equal dtypes, identical ones at once: the same bytes per element (two passes of C calls: ~0.1 us less
-        # than one Python loop over the fields)
+        # equal dtypes, identical ones at once: the same bytes per element (two passes of C calls, cheaper than
+        # one Python loop over the fields; docs/history/speed.md, change 33)
         if tuple(map(_DTYPE, values)) != self.dtypes or tuple(map(_SHAPE, values)) != shapes:
             return None
         return values, rows
@@ -661,7 +664,8 @@ class _RowLayout:
         #: a batch record's ids, probabilities, weights and fields, in one C-level call
         self.pick = operator.itemgetter(*self.extras, *self.names)
         #: ``pick``'s tuple -> the field name -> array dict. Written out as a dict display for the names of
-        #: this layout (~0.2 us against ~0.5 for ``dict(zip(...))`` of six fields); str.__repr__ quotes each
+        #: this layout (about a third of the time of ``dict(zip(...))`` of six fields: docs/history/speed.md,
+        #: change 22); str.__repr__ quotes each
         #: name (a str subclass's own __repr__ is not trusted), and only string names reach it (others make
         #: the layout ``loose``, with no batch records).
         names = self.names
