@@ -52,6 +52,110 @@ def test_nstep_truncation_bootstraps_from_the_last_observation():
     assert out == [("s1", 1, 1.5, 0.25, "s3"), ("s2", 0, 1.0, 0.5, "s3")]
 
 
+def brute_force_nstep(steps, n, gamma):
+    """The n-step transitions of ``steps`` [(obs, action, reward, next_obs, terminated, truncated), ...] (one
+    environment, in order) whose windows are complete, by the definition: G = sum_j gamma^j r_j over the k <= n
+    steps up to and including the episode's end; discount gamma^k, or 0 if the window ends in a termination;
+    next_obs after the window's last step."""
+    out = []
+    for t, (obs, action, *_) in enumerate(steps):
+        g, k = 0.0, 0
+        for j in range(t, min(t + n, len(steps))):
+            _, _, reward, next_obs, terminated, truncated = steps[j]
+            g += gamma ** k * reward
+            k += 1
+            if terminated or truncated:
+                break
+        if k < n and not (terminated or truncated):
+            break  # cut by the end of the data: incomplete, and so is every later window
+        out.append((obs, action, g, 0.0 if terminated else gamma ** k, next_obs))
+    return out
+
+
+def random_episodes(rng, count):
+    """``count`` steps of episodes that end by termination, truncation or both, with random rewards; each
+    observation a distinct object, so a transition that bootstraps from the wrong one shows."""
+    steps = []
+    for t in range(count):
+        terminated, truncated = bool(rng.random() < 0.12), bool(rng.random() < 0.08)
+        steps.append((("obs", t), int(rng.integers(4)), float(rng.normal()), ("next", t), terminated, truncated))
+    return steps
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_nstep_transitions_equal_the_brute_force_n_step_computation(n):
+    rng = np.random.default_rng(n)
+    gamma = float(rng.uniform(0.5, 1.0))
+    steps = random_episodes(rng, 600)
+    assert any(s[4] and not s[5] for s in steps) and any(s[5] and not s[4] for s in steps)
+    assert any(s[4] and s[5] for s in steps)
+    ns = NStep(n, gamma, capacity=40)
+    got = []
+    for step in steps:
+        ns.add(*step)
+        if rng.random() < 0.2 or len(ns.window) == ns.capacity:  # taken at random moments, as pushes are
+            got.extend(ns.take())
+    got.extend(ns.take())
+    want = brute_force_nstep(steps, n, gamma)
+    assert len(want) > 590 and len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g[0] is w[0] and g[1] == w[1] and g[4] is w[4], (g, w)
+        assert g[2] == pytest.approx(w[2], rel=1e-12, abs=1e-12) and g[3] == pytest.approx(w[3], rel=1e-12)
+
+
+def test_nstep_refuses_more_steps_than_it_holds():
+    with pytest.raises(ValueError, match="capacity: at least n = 3"):
+        NStep(3, 0.9, capacity=2)
+    ns = NStep(3, 0.9)
+    for t in range(3):
+        ns.add(t, 0, 1.0, t + 1, False, False)
+    with pytest.raises(RuntimeError, match="take"):
+        ns.add(3, 0, 1.0, 4, False, False)
+    assert len(ns.take()) == 1 and len(ns.window) == 2
+
+
+class RecordedEnv:
+    """An environment that records every step the actor takes, and hands it random rewards (CartPole's are all
+    1, which would not show a reward counted at the wrong step)."""
+
+    def __init__(self, env, obs, seed):
+        self.env, self.obs, self.rng, self.steps = env, obs, np.random.default_rng(seed), []
+        self.action_space = env.action_space
+
+    def step(self, action):
+        next_obs, _, terminated, truncated, info = self.env.step(action)
+        reward = float(self.rng.normal())
+        self.steps.append((self.obs, action, reward, next_obs, terminated, truncated))
+        self.obs = next_obs
+        return next_obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs):
+        self.obs, info = self.env.reset(**kwargs)
+        return self.obs, info
+
+
+def test_actor_pushes_the_brute_force_n_step_transitions_of_its_episodes():
+    # seed 1's untrained network drops the pole within ~10 steps, and a 12-step time limit truncates the
+    # episodes it balances longer: both ends occur (seed 0's network balanced every episode past 50 steps)
+    cfg = ApexConfig(num_actors=1, num_shards=1, push_size=16, n_step=3, gamma=0.9, max_episode_steps=12, seed=1)
+    pushed = []
+    shard = SimpleNamespace(add=SimpleNamespace(remote=lambda data, td: pushed.append((data, td))))
+    actor = ApexActor(cfg, 0, [shard])
+    env = actor.env = RecordedEnv(actor.env, actor.obs, seed=0)
+    actor.collect(500)
+    assert any(s[4] for s in env.steps) and any(s[5] and not s[4] for s in env.steps)
+    data = {k: np.concatenate([d[k] for d, _ in pushed]) for k in pushed[0][0]}
+    assert all(len(td) == len(d["action"]) for d, td in pushed)
+    want = brute_force_nstep(env.steps, cfg.n_step, cfg.gamma)[:len(data["action"])]
+    assert len(data["action"]) >= 500 - 16 - cfg.n_step
+    obs, action, g, discount, next_obs = (np.array(c) for c in zip(*want, strict=True))
+    np.testing.assert_array_equal(data["obs"], obs)
+    np.testing.assert_array_equal(data["action"], action)
+    np.testing.assert_allclose(data["reward"], g, rtol=1e-6, atol=1e-6)  # float32
+    np.testing.assert_allclose(data["discount"], discount, rtol=1e-6)
+    np.testing.assert_array_equal(data["next_obs"], next_obs)
+
+
 @pytest.mark.parametrize(("field", "value"), [
     ("learning_starts", 0), ("learning_starts", -5), ("learning_starts", 1.5), ("replay_ratio", float("nan")),
     ("replay_ratio", float("inf")), ("replay_ratio", -1.0), ("replay_ratio", True), ("seed", -1),

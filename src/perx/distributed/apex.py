@@ -42,6 +42,7 @@ from perx.agents.dqn import network_for
 from perx.agents.envs import make_env, network_input
 from perx.agents.runner import METRICS, progress_bar, versions, write_metrics
 from perx.distributed.replay import MAX_SHARDS, ShardedReplay, _restarted
+from perx.validation import check_positive_int
 
 #: variant -> (sampler factory, Huber threshold kappa, initial beta); 000 Sec. 3-4 and 004 Sec. 5
 VARIANTS = {
@@ -193,35 +194,95 @@ def td_errors(q: torch.nn.Module, target: torch.nn.Module, batch: dict[str, np.n
 
 
 class NStep:
-    """n-step transitions of one environment: (obs, action, G = sum_j gamma^j r_j, discount, next_obs).
+    """n-step transitions of one environment, (obs, action, G, discount, next_obs), from the core's n-step windows.
 
-    discount is gamma^k after k steps, 0 when the episode terminated inside the window (no bootstrap);
-    a truncated episode bootstraps from its last observation (Gymnasium's terminated/truncated split).
+    G = sum_{j<k} gamma^j r_j over the window's k <= n steps; discount = gamma^k, or 0 when the episode terminated
+    inside the window (no bootstrap); next_obs is the observation after the window's last step, so a truncated
+    episode bootstraps from its last observation (Gymnasium's terminated/truncated split). Windows are shorter at
+    an episode's end. A step's transition is ready once its window is complete: n steps taken, or the episode
+    ended. :meth:`add` takes a step, :meth:`take` returns the ready transitions (oldest first), :meth:`step` both.
+
+    The windows are computed by ``perx.Episodes`` (the compiled walk that gives a replay buffer its n-step
+    ``return`` and ``discount``), not here: the steps' rewards and ends go into a small actor-local
+    ``perx.ReplayBuffer(..., episodes=perx.Episodes(n, gamma))``, written with one ``extend`` and read with one
+    ``get`` per :meth:`take`. Simplest: the core's n-step logic is used as it is, with nothing added to the core
+    (a public window helper in ``perx.episodes`` would skip the buffer's linking of steps, but be a second entry
+    point to maintain). Cheap enough: a step is a deque append, and the buffer works once per push (about 2 us
+    per step in all, against about 250 us for an actor's step with its network's forward pass); the first
+    :meth:`take` of a process loads the compiled kernel (about 1 s). Observations and actions stay in the deque,
+    as the objects given, and never enter the buffer, so any observation works (MinAtar's bool grids, dicts) and
+    nothing is copied twice. The field the buffer bootstraps from (``next_step``, as ``Episodes(obs="step")``
+    names it) holds each step's own id: the buffer returns it for the window's last step, whose next observation
+    is the one to bootstrap from.
+
+    Args:
+        n: n of the n-step return (>= 1).
+        gamma: discount factor in [0, 1].
+        capacity: the most steps held before :meth:`take` (ready, or in open windows); at least n (the default).
     """
 
-    def __init__(self, n: int, gamma: float) -> None:
-        self.n, self.gamma = n, gamma
+    def __init__(self, n: int, gamma: float, capacity: int | None = None) -> None:
+        episodes = perx.Episodes(n, gamma, obs="step", check=False)  # validates n and gamma
+        self.n, self.gamma = episodes.n_step, episodes.gamma
+        self.capacity = self.n if capacity is None else check_positive_int(capacity, "capacity")
+        if self.capacity < self.n:
+            raise ValueError(f"capacity: at least n = {self.n}, to hold a full window, got {capacity!r}")
+        self._buffer = perx.ReplayBuffer(self.capacity, episodes=episodes, spec={
+            "reward": ((), np.float64), "terminated": ((), np.bool_), "truncated": ((), np.bool_),
+            "next_step": ((), np.int64)})
+        #: The steps not taken yet, oldest first: (obs, action, reward, next_obs, terminated, truncated).
         self.window: deque = deque()
+        self._first = 0  # the id of window[0] (ids count the steps added, from 0)
+        self._stored = 0  # the steps below this id are in the buffer
+        self._ready = 0  # the steps below this id have complete windows
 
-    def step(self, obs, action, reward, next_obs, terminated: bool, truncated: bool) -> list[tuple]:
-        self.window.append((obs, action, float(reward)))
-        out = []
-        if len(self.window) == self.n:
-            out.append(self._emit(next_obs, terminated))
+    @property
+    def ready(self) -> int:
+        """How many transitions :meth:`take` would return now."""
+        return self._ready - self._first
+
+    def add(self, obs: Any, action: Any, reward: float, next_obs: Any, terminated: bool, truncated: bool) -> None:
+        """Take one environment step (RuntimeError if ``capacity`` steps already wait for :meth:`take`)."""
+        window = self.window
+        if len(window) == self.capacity:
+            raise RuntimeError(f"NStep: {self.capacity} steps wait to be taken; call take() before adding more")
+        window.append((obs, action, reward, next_obs, terminated, truncated))  # converted in take, per push
+        end = self._first + len(window)  # one past the newest id
+        if terminated or truncated:  # every window of the episode is complete
+            self._ready = end
+        elif end - self.n >= self._ready:  # the window that now holds n steps
+            self._ready = end - self.n + 1
+
+    def take(self) -> list[tuple]:
+        """The ready transitions not taken yet, oldest first: [(obs, action, G, discount, next_obs), ...]."""
+        count = self.ready
+        if count == 0:
+            return []
+        steps = list(self.window)
+        new = steps[self._stored - self._first:]
+        if new:
+            _, _, reward, _, terminated, truncated = zip(*new, strict=True)
+            start = self._stored
+            self._buffer.extend(reward=np.array(reward, np.float64), terminated=np.array(terminated, np.bool_),
+                                truncated=np.array(truncated, np.bool_),
+                                next_step=np.arange(start, start + len(new), dtype=np.int64))
+            self._stored += len(new)
+        windows = self._buffer.get(np.arange(self._first, self._ready, dtype=np.int64))
+        first = self._first
+        out = [(obs, action, g, discount, steps[last - first][3])
+               for (obs, action, *_), g, discount, last in zip(
+                   steps[:count], windows["return"].tolist(), windows["discount"].tolist(),
+                   windows["next_step"].tolist(), strict=True)]
+        for _ in range(count):
             self.window.popleft()
-        if terminated or truncated:
-            while self.window:  # the shorter windows at the end of the episode
-                out.append(self._emit(next_obs, terminated))
-                self.window.popleft()
+        self._first = self._ready
         return out
 
-    def _emit(self, next_obs, terminated: bool) -> tuple:
-        g = 0.0
-        for j, (_, _, r) in enumerate(self.window):
-            g += self.gamma ** j * r
-        obs, action, _ = self.window[0]
-        discount = 0.0 if terminated else self.gamma ** len(self.window)
-        return obs, action, g, discount, next_obs
+    def step(self, obs: Any, action: Any, reward: float, next_obs: Any, terminated: bool,
+             truncated: bool) -> list[tuple]:
+        """:meth:`add` one step, then :meth:`take`: the transitions this step completed."""
+        self.add(obs, action, reward, next_obs, terminated, truncated)
+        return self.take()
 
 
 class ApexActor:
@@ -241,8 +302,8 @@ class ApexActor:
         self.net = build_network(cfg, self.obs.shape, self.actions)
         if weights is not None:  # the learner sends them right after creation (and after a restart)
             self.set_weights(weights)
-        self.nstep = NStep(cfg.n_step, cfg.gamma)
-        self.rows: list[tuple] = []
+        # holds every step not pushed yet: fewer than push_size ready windows, n - 1 open ones, and the new step
+        self.nstep = NStep(cfg.n_step, cfg.gamma, capacity=cfg.push_size + cfg.n_step)
         self.pending = None
         self.episode_return = 0.0
         self.pushed = 0
@@ -264,21 +325,21 @@ class ApexActor:
         for _ in range(steps):
             action = self._act()
             next_obs, reward, terminated, truncated, _ = self.env.step(action)
-            self.rows.extend(self.nstep.step(self.obs, action, reward, next_obs, terminated, truncated))
+            self.nstep.add(self.obs, action, reward, next_obs, terminated, truncated)
             self.episode_return += float(reward)
             if terminated or truncated:
                 returns.append(self.episode_return)
                 self.episode_return = 0.0
                 next_obs, _ = self.env.reset()
             self.obs = next_obs
-            if len(self.rows) >= self.cfg.push_size:
+            if self.nstep.ready >= self.cfg.push_size:
                 self._push()
         restarted, self.restarted = self.restarted, False
         return {"actor": self.index, "steps": steps, "returns": returns, "pushed": self.pushed,
                 "restarted": restarted}
 
     def _push(self) -> None:
-        rows, self.rows = self.rows, []
+        rows = self.nstep.take()
         obs, action, g, discount, next_obs = zip(*rows, strict=True)
         data = {"obs": np.stack(obs), "action": np.asarray(action, np.int64),
                 "reward": np.asarray(g, np.float32), "discount": np.asarray(discount, np.float32),
