@@ -341,6 +341,46 @@ def test_reset_with_a_bad_seed_changes_nothing(shards):
     assert [s["size"] for s in replay.refresh()] == [2, 0, 0]
 
 
+@pytest.mark.parametrize(("argument", "sharded", "single"), [
+    ("indices", lambda r, ids: r.update_priorities(ids.astype(float), np.ones(2)), None),  # TypeError
+    ("indices", lambda r, ids: r.update_priorities(ids[None], np.ones(2)), None),
+    ("td_errors", lambda r, ids: r.update_priorities(ids, np.ones(3)), None),
+    ("td_errors", lambda r, ids: r.update_priorities(ids, np.array(["1", "2"])), None),
+    ("batch_size", lambda r, ids: r.sample(1.5), None),
+    ("batch_size", lambda r, ids: r.sample(0), None),
+    ("beta", lambda r, ids: r.sample(4, beta=True), None),
+    ("beta", lambda r, ids: r.sample(4, beta=1.5), None),
+    ("beta", lambda r, ids: r.sample(4, beta=float("nan")), None),
+    ("sampler", lambda r, ids: ShardedReplay(2, 10, "per"), lambda b, ids: perx.ReplayBuffer(10, "per")),
+    ("capacity", lambda r, ids: ShardedReplay(2, 10.0), lambda b, ids: perx.ReplayBuffer(10.0)),
+    ("capacity", lambda r, ids: ShardedReplay(2, 0), lambda b, ids: perx.ReplayBuffer(0)),
+])
+def test_bad_arguments_raise_the_error_one_buffer_raises(shards, argument, sharded, single):
+    # the checks are the core's: the same error type, naming the argument, and nothing sent or stored
+    replay = shards
+    replay.reset(30, perx.Proportional(alpha=0.6), seed=17)
+    ids = replay.add(shard=0, obs=np.zeros((2, 1)), action=np.zeros(2, np.int64))
+    buf = perx.ReplayBuffer(30, perx.Proportional(alpha=0.6))
+    local = buf.extend(obs=np.zeros((2, 1)), action=np.zeros(2, np.int64))
+    totals = [s["total"] for s in replay.refresh()]
+    with pytest.raises((TypeError, ValueError)) as got:
+        sharded(replay, ids)
+    with pytest.raises((TypeError, ValueError)) as want:
+        (single or sharded)(buf, local)
+    assert type(got.value) is type(want.value), (got.value, want.value)
+    assert str(got.value).startswith(f"{argument}: ") and str(want.value).startswith(f"{argument}: ")
+    replay.flush()
+    assert [s["total"] for s in replay.refresh()] == totals and replay.applied == 0
+
+
+def test_shard_counts_are_checked_as_the_core_checks_counts_and_against_the_id_bits(ray_cluster):
+    for num_shards, error in ((1.5, TypeError), (0, ValueError), (2000, ValueError)):  # 2000 > 2^SHARD_BITS
+        with pytest.raises(error, match=rf"num_shards: .*{num_shards!r}"):
+            ShardedReplay(num_shards, 4000)
+    with pytest.raises(ValueError, match=r"capacity: at least num_shards \(4\), got 3"):
+        ShardedReplay(4, 3)
+
+
 @pytest.mark.parametrize("raw", [False, True])
 def test_a_priority_above_a_shards_cap_is_refused_before_anything_is_sent(shards, raw):
     replay = shards

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import copy
 import json
+import numbers
 import os
 import tempfile
 import time
@@ -51,6 +52,16 @@ import numpy as np
 import ray
 
 from perx import Batch, Proportional, ReplayBuffer, Sampler, Uniform
+from perx.samplers.base import check_sampler
+from perx.validation import (
+    _short,
+    as_index_array,
+    as_value_array,
+    check_batch_size,
+    check_capacity,
+    check_positive_int,
+    check_real,
+)
 
 SHARD_BITS = 10
 INCARNATION_BITS = 10
@@ -70,66 +81,45 @@ def decode_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids >> _LOCAL_SHIFT, (ids >> SHARD_BITS) & _INC_MASK, ids & _SHARD_MASK
 
 
-def _short(value: object, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+# Argument checks are the core's (perx.validation, perx.samplers.base): the same errors as one ReplayBuffer gives.
+# What is kept here is only what a sharded replay must check differently, each with its reason.
 
+def _values(values: object, name: str, length: int) -> np.ndarray:
+    """float64 [length] (the core's ``as_value_array``: TypeError for bools, strings and objects, ValueError for
+    the wrong length), finite, and >= 0 when ``name`` is ``"priorities"`` (ValueError naming ``name``).
 
-def as_index_array(values: object, name: str) -> np.ndarray:
-    """int64 [n] ids (integers only, no bools or floats), else ValueError naming ``name``."""
-    arr = np.asarray(values)
-    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
-        raise ValueError(f"{name}: expected a 1-d array of integer ids, got {_short(values)}")
-    return arr.astype(np.int64, copy=False)
-
-
-def as_value_array(values: object, name: str, length: int) -> np.ndarray:
-    """float64 [length] finite values: TypeError naming ``name`` for bools, strings or objects (as the core
-    ``ReplayBuffer.update_priorities``), ValueError for the wrong length or a NaN/inf."""
-    try:
-        arr = _host_array(values)  # not np.asarray(dtype=float64), which would turn True and "3.5" into numbers
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected {length} numbers, got {_short(values)}") from None
-    if arr.dtype.kind not in "iuf":
-        raise TypeError(f"{name}: expected real numbers, got dtype {arr.dtype} ({_short(values)})")
-    arr = arr.astype(np.float64, copy=False)
-    if arr.shape != (length,) or not np.isfinite(arr).all():
-        raise ValueError(f"{name}: expected {length} finite numbers, got {_short(values)}")
+    Differs from the core in checking every value up front: one buffer checks them as it applies an update, but
+    here a shard must refuse a batch before storing it, and the learner an update before sending any shard its
+    part (the shards apply their parts independently, so a value refused by one would leave the others applied).
+    """
+    arr = as_value_array(values, name, length=length)
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name}: expected finite numbers, got {_short(values)}")
+    if name == "priorities" and (arr < 0).any():
+        raise ValueError(f"priorities: must be >= 0, got {_short(values)}")
     return arr
 
 
-def _host_array(values: object) -> np.ndarray:
-    """``values`` as a numpy array; a tensor (torch, on any device, with or without grad) detached and copied
-    to host memory by duck typing, as the core does, without importing torch."""
-    detach = getattr(values, "detach", None)
-    if detach is not None and hasattr(values, "cpu") and hasattr(values, "numpy"):
-        return detach().cpu().numpy()
-    return np.asarray(values)
-
-
-def check_seed(seed: object) -> int | None:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+def _check_seed(seed: object) -> int | None:
+    """None or an int >= 0 (ValueError naming ``seed``). Narrower than the core's seeds (anything
+    ``np.random.default_rng`` takes, Generators included): the learner's split and every shard's seed are spawned
+    from this one by ``np.random.SeedSequence(seed)``, which takes entropy, not a Generator."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
         raise ValueError(f"seed: None or an int >= 0, got {_short(seed)}")
     return None if seed is None else int(seed)
 
 
-def check_batch_size(batch_size: object) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size <= 0:
-        raise ValueError(f"batch_size: an int > 0, got {_short(batch_size)}")
-    return int(batch_size)
+def _check_shard_sampler(sampler: object) -> Sampler:
+    """An unbound ``perx.Uniform`` or ``perx.Proportional`` (LAP is one); None gives ``perx.Uniform()``.
 
-
-def _write_json(path: Path, payload: dict) -> None:
-    # write-then-rename, so a crash never leaves half a file behind
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
-
-
-def check_sampler(sampler: object) -> Sampler:
+    Beyond the core's check (TypeError for anything that is not a perx sampler), two refusals of a sampler the core
+    takes (ValueError naming ``sampler``): one whose P(i) is not mass_i / sum (the shards are combined by their
+    mass totals), and one already bound to a buffer (every shard binds a copy, in its own process: the core's
+    refusal would come from there, after the actors started)."""
     if sampler is None:
         return Uniform()
-    if not isinstance(sampler, (Uniform, Proportional)) or type(sampler) not in (Uniform, Proportional):
+    check_sampler(sampler)
+    if type(sampler) not in (Uniform, Proportional):
         raise ValueError(
             f"sampler: ShardedReplay combines shards by their mass totals, which needs P(i) = mass_i / sum: "
             f"perx.Uniform, perx.Proportional or perx.LAP; got {_short(sampler)} (rank-based sampling would need "
@@ -138,6 +128,21 @@ def check_sampler(sampler: object) -> Sampler:
         raise ValueError(f"sampler: pass an unbound sampler (a prototype copied into every shard), got {sampler!r} "
                          f"which already belongs to a buffer")
     return sampler
+
+
+def _check_capacity(capacity: object, num_shards: int) -> int:
+    """The core's capacity check, and at least one transition per shard (ValueError naming ``capacity``)."""
+    capacity = check_capacity(capacity)
+    if capacity < num_shards:
+        raise ValueError(f"capacity: at least num_shards ({num_shards}), got {capacity!r}")
+    return capacity
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    # write-then-rename, so a crash never leaves half a file behind
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload))
+    os.replace(tmp, path)
 
 
 class Shard:
@@ -259,9 +264,7 @@ class Shard:
         if values is not None:
             # validate before storing, so a bad value leaves the shard as it was
             n = len(next(iter(data.values())))
-            values = as_value_array(values, "td_errors" if td_errors is not None else "priorities", length=n)
-            if priorities is not None and (values < 0).any():
-                raise ValueError(f"priorities: must be >= 0, got {_short(values)}")
+            values = _values(values, "td_errors" if td_errors is not None else "priorities", n)
             sampler = buf.sampler
             if isinstance(sampler, Proportional) and len(values):
                 p = values if priorities is not None else sampler.priority(values)
@@ -308,7 +311,7 @@ class Shard:
         incarnation at or beyond the checkpoint it was restored from (they now name other transitions).
         """
         ids = as_index_array(ids, "indices")
-        values = as_value_array(values, "priorities" if raw else "td_errors", length=len(ids))
+        values = _values(values, "priorities" if raw else "td_errors", len(ids))
         local, inc, shard = decode_ids(ids)
         if (shard != self.index).any():
             raise ValueError(f"indices: id {int(ids[shard != self.index][0])} belongs to shard "
@@ -407,14 +410,14 @@ class ShardedReplay:
     def __init__(self, num_shards: int, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, resume: bool = False,
                  max_restarts: int = -1, num_cpus: float = 0.0) -> None:
-        if type(num_shards) is not int or not 1 <= num_shards <= MAX_SHARDS:
-            raise ValueError(f"num_shards: an int in [1, {MAX_SHARDS}], got {_short(num_shards)}")
-        if type(capacity) is not int or capacity < num_shards:
-            raise ValueError(f"capacity: an int >= num_shards ({num_shards}), got {_short(capacity)}")
+        num_shards = check_positive_int(num_shards, "num_shards")
+        if num_shards > MAX_SHARDS:  # the shard bits of a global id
+            raise ValueError(f"num_shards: at most {MAX_SHARDS}, got {num_shards!r}")
+        capacity = _check_capacity(capacity, num_shards)
         if type(checkpoint_every) is not int or checkpoint_every < 0:
             raise ValueError(f"checkpoint_every: an int >= 0, got {_short(checkpoint_every)}")
-        sampler = check_sampler(sampler)
-        seed = check_seed(seed)
+        sampler = _check_shard_sampler(sampler)
+        seed = _check_seed(seed)
         if not ray.is_initialized():
             raise RuntimeError("ShardedReplay: call ray.init(...) first (a local cluster or address=...)")
         self.num_shards = num_shards
@@ -465,10 +468,9 @@ class ShardedReplay:
     def reset(self, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None) -> None:
         """Empty every shard and start over with a new capacity and sampler, on the same actors (no new
         processes). Ids issued before are stale afterwards; counters and restart records are cleared."""
-        if type(capacity) is not int or capacity < self.num_shards:
-            raise ValueError(f"capacity: an int >= num_shards ({self.num_shards}), got {_short(capacity)}")
-        sampler = check_sampler(sampler)
-        seed = check_seed(seed)  # every argument before anything changes
+        capacity = _check_capacity(capacity, self.num_shards)
+        sampler = _check_shard_sampler(sampler)
+        seed = _check_seed(seed)  # every argument before anything changes
         self.flush()
         seeds = self._configure(capacity, sampler, seed)
         replies = ray.get([sh.reset.remote(self.shard_capacity, sampler, seeds[k]) for k, sh in enumerate(self.shards)])
@@ -544,7 +546,7 @@ class ShardedReplay:
         The split between shards uses the totals of the latest replies (one round old when pipelined).
         """
         batch_size = check_batch_size(batch_size)
-        beta = _check_beta(beta)
+        beta = check_real(beta, "beta", low=0.0, high=1.0)
         counts, q = self._counts(batch_size)
         refs = [self.shards[k].sample.remote(int(counts[k])) for k in range(self.num_shards)]
         return PendingBatch(self, refs, counts, q, beta)
@@ -586,9 +588,8 @@ class ShardedReplay:
         shards and counted in :attr:`skipped`. Bad values raise here, before anything is sent, and so do
         priorities above a shard's ``max_accepted_priority`` (from its stats)."""
         ids = as_index_array(indices, "indices")
-        values = as_value_array(td_errors, "priorities" if raw else "td_errors", length=len(ids))
-        if raw and (values < 0).any():
-            raise ValueError(f"priorities: must be >= 0, got {_short(values)}")
+        values = _values(td_errors, "priorities" if raw else "td_errors", len(ids))
+        # global ids carry shard bits (encode_ids), so their range is checked here, not by the core's upper=
         if (ids < 0).any():
             raise ValueError(f"indices: ids are >= 0, got {_short(ids)}")
         shard = ids & _SHARD_MASK
@@ -752,10 +753,3 @@ def _concat(parts: list) -> np.ndarray | dict:
     if isinstance(parts[0], dict):
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     return np.concatenate(parts)
-
-
-def _check_beta(beta: object) -> float:
-    if isinstance(beta, bool) or not isinstance(beta, (int, float, np.floating, np.integer)) \
-            or not 0.0 <= float(beta) <= 1.0:
-        raise ValueError(f"beta: a number in [0, 1], got {_short(beta)}")
-    return float(beta)
