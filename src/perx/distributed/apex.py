@@ -205,15 +205,14 @@ class NStep:
     The windows are computed by ``perx.Episodes`` (the compiled walk that gives a replay buffer its n-step
     ``return`` and ``discount``), not here: the steps' rewards and ends go into a small actor-local
     ``perx.ReplayBuffer(..., episodes=perx.Episodes(n, gamma))``, written with one ``extend`` and read with one
-    ``get`` per :meth:`take`. Simplest: the core's n-step logic is used as it is, with nothing added to the core
-    (a public window helper in ``perx.episodes`` would skip the buffer's linking of steps, but be a second entry
-    point to maintain). Cheap enough: a step is a deque append, and the buffer works once per push (about 2 us
-    per step in all, against about 250 us for an actor's step with its network's forward pass); the first
-    :meth:`take` of a process loads the compiled kernel (about 1 s). Observations and actions stay in the deque,
-    as the objects given, and never enter the buffer, so any observation works (MinAtar's bool grids, dicts) and
-    nothing is copied twice. The field the buffer bootstraps from (``next_step``, as ``Episodes(obs="step")``
-    names it) holds each step's own id: the buffer returns it for the window's last step, whose next observation
-    is the one to bootstrap from.
+    ``get`` per :meth:`take`. Simplest: the core's n-step logic is used as it is, with nothing added to the core (a
+    public window helper in ``perx.episodes`` would skip the buffer's linking of steps, but be a second entry point
+    to maintain). Cheap enough: a step is a deque append, and the buffer works once per push, a small share of an
+    actor's step, which runs its network's forward pass; the first :meth:`take` of a process loads the compiled
+    kernel, once. Observations and actions stay in the deque, as the objects given, and never enter the buffer, so
+    any observation works (MinAtar's bool grids, dicts) and nothing is copied twice. The field the buffer
+    bootstraps from (``next_step``, as ``Episodes(obs="step")`` names it) holds each step's own id: the buffer
+    returns it for the window's last step, whose next observation is the one to bootstrap from.
 
     Args:
         n: n of the n-step return (>= 1).
