@@ -24,15 +24,15 @@ import json
 import os
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from perx import _atomic
 from perx._nested import DictLayout, flat_name
-from perx.episodes import Episodes
+from perx.episodes import Episodes, EpisodeStore
 from perx.samplers.base import Sampler
-from perx.storage import FieldSpec
+from perx.storage import FieldSpec, Storage
 
 if TYPE_CHECKING:  # (perx.buffer imports this module)
     from perx.buffer import ReplayBuffer
@@ -61,7 +61,7 @@ def save(buf: ReplayBuffer, path: str | os.PathLike) -> None:
         "sampler": {"name": buf.sampler.name, "config": buf.sampler.config(), "state": sampler_meta},
     }
     if buf._dicts:  # their keys, and each key's shape and dtype (the stored names and packed units follow)
-        nested = buf.spec
+        nested = cast(dict[str, dict[str, FieldSpec]], buf.spec)  # (read at the dict fields only)
         meta["dict_fields"] = {name: [[k, list(f.shape), f.dtype.str] for k, f in nested[name].items()]
                                for name in buf._dicts}
     arrays = {}
@@ -75,7 +75,8 @@ def save(buf: ReplayBuffer, path: str | os.PathLike) -> None:
         for key, arr in episode_arrays.items():
             arrays[f"episodes/{key}"] = arr
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    _atomic.write(path, lambda f: np.savez(f, **arrays))
+    # (numpy's stub types savez's keywords as its allow_pickle; no member is named so)
+    _atomic.write(path, lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]
 
 
 def load(cls: type[ReplayBuffer], path: str | os.PathLike, lock: bool) -> ReplayBuffer:
@@ -134,8 +135,8 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
             raise _LoadError(f"capacity {capacity} cannot be allocated here ({err})") from None
         if shared_keys is not None:  # a shared dict observation: packed in the episode store, allocated below
             keys = tuple(shared_keys)
-            buf._set_dicts({episodes.obs: keys, episodes.next_name: keys},
-                           DictLayout(episodes.obs, shared_keys, episodes.frame_stack))
+            cfg = cast(Episodes, episodes)  # (shared keys come only with episodes)
+            buf._set_dicts({cfg.obs: keys, cfg.next_name: keys}, DictLayout(cfg.obs, shared_keys, cfg.frame_stack))
         if buf._storage.spec != spec:
             raise _LoadError("dict_fields: the keys, shapes and dtypes of the dict fields do not match the stored "
                              "fields")
@@ -162,16 +163,18 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
         buf._open = buf._layout_open()
         buf._install()
         return buf
+    store = cast(EpisodeStore, buf._episodes)  # (built with the episodes)
     try:
-        buf._episodes.load_state_dict(meta["episodes"], episode_arrays, size, next_id, buf._storage.data)
+        store.load_state_dict(meta["episodes"], episode_arrays, size, next_id, buf._storage.data)
     except (KeyError, TypeError, IndexError) as err:
         raise _LoadError(f"episode state: {type(err).__name__}: {err}") from None
     except ValueError as err:
         raise _LoadError(f"episode state: {err}") from None
-    if episodes.shared and buf._episodes.obs_spec is not None:
-        shape, dtype = buf._episodes.obs_spec
-        buf._obs_check._allocate({episodes.obs: FieldSpec(shape, dtype), episodes.next_name: FieldSpec(shape, dtype)})
-        buf._obs_check.inferred = bool(meta.get("inferred", False))
+    if episodes.shared and store.obs_spec is not None:
+        shape, dtype = store.obs_spec
+        obs_check = cast(Storage, buf._obs_check)  # (shared mode)
+        obs_check._allocate({episodes.obs: FieldSpec(shape, dtype), episodes.next_name: FieldSpec(shape, dtype)})
+        obs_check.inferred = bool(meta.get("inferred", False))
     if buf._key_check is not None:
         buf._key_check.inferred = bool(meta.get("inferred", False))
     buf._open = buf._layout_open()
@@ -233,7 +236,8 @@ _CHUNK = 1 << 24
 def _read_exact(fp, arr: np.ndarray, what: str) -> None:
     """Fill the C-contiguous ``arr`` from ``fp`` in chunks of at most _CHUNK bytes (so a large field never has
     a second copy in memory); _LoadError if the member ends first."""
-    view = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(bytearray())
+    # (an ndarray has the buffer protocol: numpy's stub declares it from Python 3.12 on)
+    view = memoryview(arr.reshape(-1).view(np.uint8)) if arr.size else memoryview(bytearray())  # type: ignore[arg-type]
     got = 0
     while got < len(view):
         n = fp.readinto(view[got : got + _CHUNK])
@@ -320,7 +324,7 @@ def _spec_with_dicts(spec: dict | None, dicts: dict, episodes: Episodes | None) 
     storage does not hold: set up after the buffer is built, and allocated when the episode state is loaded)."""
     if not dicts:
         return spec, None
-    obs_names = (episodes.obs, episodes.next_name) if episodes is not None else ()
+    obs_names: tuple[str, ...] = (episodes.obs, episodes.next_name) if episodes is not None else ()
     shared = None
     if episodes is not None and episodes.shared and any(n in dicts for n in obs_names):
         if not all(n in dicts for n in obs_names) or dicts[obs_names[0]] != dicts[obs_names[1]]:

@@ -13,7 +13,7 @@ import functools
 import os
 import threading
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -63,7 +63,7 @@ class Batch(Mapping):
         self.probabilities = probabilities
         #: for ``sample(out=...)``: the refill record of a batch drawn and copied in one compiled call, a list
         #: indexed by _RAW, _LAYOUT, _B, _ARRAYS, _DATA, _PAIRS (below); else None
-        self._fill = None
+        self._fill: list[Any] | None = None
 
     def __reduce__(self):
         # a copy or an unpickled batch holds copies of the arrays, not views of one allocation: not refillable
@@ -143,6 +143,13 @@ class ReplayBuffer:
         >>> buf.update_priorities(batch.indices, td_errors)
     """
 
+    #: For an episodic buffer's dict observations, packed one unit per observation (``_packed``): their layout and
+    #: the check of each key's values (shape, dtype, casts) before packing. None until ``_set_dicts`` packs them,
+    #: and read only while ``_packed`` names fields. Typed as set, since the write path reads them without
+    #: narrowing (no per-call checks).
+    _layout: DictLayout
+    _key_check: Storage
+
     def __init__(self, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None,
                  spec: Mapping | None = None, episodes: Episodes | None = None, lock: bool = False) -> None:
         capacity = check_capacity(capacity)
@@ -150,7 +157,8 @@ class ReplayBuffer:
         check_bool(lock, "lock")
         if episodes is not None and not isinstance(episodes, Episodes):
             raise TypeError(f"episodes: expected perx.Episodes(...) or None, got {_short(episodes)}")
-        dicts, layout = {}, None
+        dicts: dict[str, tuple[str, ...]] = {}
+        layout: DictLayout | None = None
         if spec is not None and isinstance(spec, Mapping) and any(isinstance(v, Mapping) for v in spec.values()):
             spec, dicts, layout = _split_spec(spec, episodes)
         obs_spec = None
@@ -194,8 +202,8 @@ class ReplayBuffer:
         self._stored_names: dict[str, tuple[tuple[str, str], ...]] = {}  # name -> ((key, stored name), ...)
         self._owner: dict[str, tuple[str, str]] = {}
         self._packed: tuple[str, ...] = ()
-        self._layout: DictLayout | None = None
-        self._key_check: Storage | None = None
+        self._layout = None  # type: ignore[assignment]  # (see the class's declaration)
+        self._key_check = None  # type: ignore[assignment]
         if dicts:
             self._set_dicts(dicts, layout)
         #: True until every field's layout is fixed (the first add, or spec=): dict fields may still appear.
@@ -215,13 +223,14 @@ class ReplayBuffer:
         attrs = vars(self)
         for name in (*_NESTED, *_LOCKED):
             attrs.pop(name, None)
+        # (methods shadowed deliberately: mypy refuses assigning to a method)
         if self._open or self._dicts:
-            self._write = self._write_nested
+            self._write = self._write_nested  # type: ignore[method-assign]
         if self._dicts:  # (add and extend: their fast paths would take a dict field's stored names as given)
-            self.add = self._add_nested
-            self.extend = self._extend_nested
-            self.sample = self._sample_nested
-            self.get = self._get_nested
+            self.add = self._add_nested  # type: ignore[method-assign]
+            self.extend = self._extend_nested  # type: ignore[method-assign]
+            self.sample = self._sample_nested  # type: ignore[method-assign]
+            self.get = self._get_nested  # type: ignore[method-assign]
         if self.lock is not None:
             for name in _LOCKED:
                 setattr(self, name, _locked(getattr(self, name), self.lock))
@@ -248,7 +257,7 @@ class ReplayBuffer:
         self._install()
 
     # -- dict fields -----------------------------------------------------------------------------
-    def _set_dicts(self, dicts: dict[str, tuple[str, ...] | dict], layout: DictLayout | None) -> None:
+    def _set_dicts(self, dicts: Mapping[str, tuple[str, ...] | dict], layout: DictLayout | None) -> None:
         """Take these dict fields (name -> keys); ``layout`` packs an episodic buffer's dict observations (then the
         episode store becomes a :class:`DictEpisodeStore`: only while nothing is stored). Attributes are replaced,
         never changed in place, so that a refused first add can put the old ones back."""
@@ -262,7 +271,8 @@ class ReplayBuffer:
                 owner.update((flat_name(name, k), (name, k)) for k in keys)
         self._owner = owner
         self._storage.owners = owner
-        if packed:
+        if packed:  # (an episodic buffer, and the layout that packs its observations)
+            cfg, layout = cast(Episodes, cfg), cast(DictLayout, layout)
             self._packed = packed
             self._layout = layout
             self._key_check = Storage(1, {flat_name(n, k): f for n in packed for k, f in layout.keys.items()})
@@ -309,7 +319,7 @@ class ReplayBuffer:
                 unit = Storage(1)._infer_spec({flat_name(src, k): fields[src][k] for k in new[src]}, batched)
                 layout = DictLayout(src, {k: unit[flat_name(src, k)] for k in new[src]}, cfg.frame_stack)
         self._set_dicts(new, layout)
-        if layout is not None:
+        if layout is not None:  # (_set_dicts made the check of the keys)
             self._key_check.inferred = True
 
     def _flatten(self, fields: dict, batched: bool) -> dict:
@@ -319,7 +329,7 @@ class ReplayBuffer:
         storage) a key's shape or dtype that does not fit."""
         names, owner, packed = self._stored_names, self._owner, self._packed
         flat = {}
-        keyed = None
+        keyed: dict[str, Any] | None = None
         for name, value in fields.items():
             pairs = names.get(name)
             kind = type(value)
@@ -328,7 +338,7 @@ class ReplayBuffer:
                     raise TypeError(f"{name}: got a dict (keys {_short(list(value))}) but {name} is not a dict field "
                                     f"of this buffer; give it as an array")
                 if name in owner or (packed and "." in name and self._packed_key(name)):
-                    field, key = owner.get(name) or self._packed_key(name)
+                    field, key = cast(tuple[str, str], owner.get(name) or self._packed_key(name))
                     raise ValueError(f"{name}: is key {key!r} of the dict field {field}; give {field}={{...}} with all "
                                      f"its keys")
                 flat[name] = value
@@ -363,7 +373,8 @@ class ReplayBuffer:
             missing = [n for n in packed if n not in fields]
             if missing:
                 raise ValueError(f"fields: missing {missing}, dicts with the keys {list(self._layout.keys)}")
-            arrays, rows, _ = self._key_check.prepare(keyed, batched=batched)
+            # (keyed is set: every packed name is among the fields)
+            arrays, rows, _ = self._key_check.prepare(keyed, batched=batched)  # type: ignore[arg-type]
             layout = self._layout
             lead = ((rows,) if batched else ()) + ((layout.frames,) if layout.frames else ())
             for name in packed:
@@ -461,7 +472,7 @@ class ReplayBuffer:
         return self._storage.next_id
 
     @property
-    def spec(self) -> dict[str, FieldSpec] | None:
+    def spec(self) -> dict[str, FieldSpec | dict[str, FieldSpec]] | None:
         """The fields' shapes and dtypes (None before the first add without ``spec=``); a dict field maps to a
         dict of key -> FieldSpec."""
         if self._obs_check is None or self._obs_check.spec is None:
@@ -469,12 +480,12 @@ class ReplayBuffer:
         else:
             flat = {**(self._storage.spec or {}), **self._obs_check.spec}
         if flat is None or not self._dicts:
-            return flat
-        out = {}
+            return flat  # type: ignore[return-value]  # (plain fields only: dict is invariant)
+        out: dict[str, FieldSpec | dict[str, FieldSpec]] = {}
         for name, f in flat.items():
             where = self._owner.get(name)
             if where is not None:
-                out.setdefault(where[0], {})[where[1]] = f
+                cast(dict, out.setdefault(where[0], {}))[where[1]] = f  # (a dict field's entry)
             elif name in self._packed:
                 out[name] = dict(self._layout.keys)
             else:
@@ -549,10 +560,10 @@ class ReplayBuffer:
             ids, slots = storage.write(arrays, rows, new_spec, batched=batched)
             self.sampler.on_add(slots, ids[rows - len(slots):])
             return ids
-        return self._write_episodes(fields, stream, batched)
+        return self._write_episodes(store, fields, stream, batched)
 
-    def _write_episodes(self, fields: dict, stream: Any, batched: bool) -> np.ndarray:
-        cfg, store, storage = self.episodes, self._episodes, self._storage
+    def _write_episodes(self, store: EpisodeStore, fields: dict, stream: Any, batched: bool) -> np.ndarray:
+        cfg, storage = store.cfg, self._storage
         obs = nxt = None
         obs_new = None
         if cfg.shared:
@@ -562,7 +573,7 @@ class ReplayBuffer:
                 raise ValueError(f"fields: an episodic buffer needs {missing}")
             obs_fields = {n: fields[n] for n in names}
             fields = {n: v for n, v in fields.items() if n not in names}
-            checker = self._obs_check
+            checker: Storage = self._obs_check  # type: ignore[assignment]  # set in shared mode
             if checker.spec is None:
                 # the first add fixes one layout for both, from obs; next_obs is then cast and checked against it
                 unit = checker._infer_spec({cfg.obs: obs_fields[cfg.obs]}, batched)[cfg.obs]
@@ -603,8 +614,9 @@ class ReplayBuffer:
             if new_spec is not None:
                 storage.inferred = True
             if obs_new is not None:
-                self._obs_check._allocate(obs_new)
-                self._obs_check.inferred = True
+                obs_check = cast(Storage, self._obs_check)  # (shared mode)
+                obs_check._allocate(obs_new)
+                obs_check.inferred = True
         ids, slots = storage.write(arrays, rows, None, batched=batched)
         store.write(plan, ids, slots, next_id)
         self.sampler.on_add(slots, ids[rows - len(slots):])
@@ -618,9 +630,10 @@ class ReplayBuffer:
         next observation), and the streams' next steps start new episodes. ``perx.gym.VectorRecorder``
         calls it on every reset. Returns how many stored steps were marked.
         """
-        if self._episodes is None:
+        store = self._episodes
+        if store is None:
             raise ValueError("end_episodes: only buffers with episodes=perx.Episodes(...) have episodes")
-        cfg = self.episodes
+        cfg = store.cfg
         if streams is None:
             e = np.arange(cfg.streams)
         else:
@@ -629,7 +642,7 @@ class ReplayBuffer:
                 raise ValueError(f"streams: ids must lie in [0, {cfg.streams}), got {_short(streams)}")
         if self._storage.spec is None:
             return 0
-        return self._episodes.end_episodes(e, self._storage.data, self._storage.next_id)
+        return store.end_episodes(e, self._storage.data, self._storage.next_id)
 
     # -- sampling --------------------------------------------------------------------------------
     def sample(self, batch_size: int, beta: float = 1.0, *, replace: bool = True, out: Batch | None = None
@@ -684,7 +697,7 @@ class ReplayBuffer:
             # (Storage.batch_bytes and fields inlined, and the cache of layout.record read first: those
             # method calls were a large share of a sample at B = 1; measured: docs/history/speed.md, change 22)
             layout = storage._layout
-            rec = layout.records.get(batch_size, False)
+            rec: tuple[int, np.dtype] | Literal[False] | None = layout.records.get(batch_size, False)
             if rec is False:
                 rec = layout.record(batch_size)
             if rec is not None and store is None and sampler.fuses_gather:
@@ -709,7 +722,7 @@ class ReplayBuffer:
             store.gather(ids, slots, data, storage.data)
         return Batch(data, ids, weights, probs)
 
-    def _refill(self, out: object, batch_size: int, beta: float, replace: object) -> Batch:
+    def _refill(self, out: Batch, batch_size: int, beta: float, replace: object) -> Batch:
         storage = self._storage
         fill = out._fill if type(out) is Batch else None
         # The common call passes every check in one condition, cheaper than testing them one at a time
@@ -960,8 +973,8 @@ def _split_spec(spec: Mapping, episodes: Episodes | None) -> tuple[dict, dict[st
                 raise ValueError(f"spec: {packed[1]} must have the keys, shapes and dtypes of {packed[0]}")
             layout = DictLayout(packed[0], dicts[packed[0]], episodes.frame_stack)
     flat, taken = {}, set()
-    for name, keys in dicts.items():  # every key's stored name is free, packed or not (batch["obs.a"] finds it)
-        for k in keys:
+    for name, group in dicts.items():  # every key's stored name is free, packed or not (batch["obs.a"] finds it)
+        for k in group:
             stored = flat_name(name, k)
             if stored in spec or stored in taken:
                 raise ValueError(f"spec: {stored!r} names both a field and key {k!r} of the dict field {name!r}")

@@ -291,7 +291,8 @@ class Ordered:
         self.build(np.empty(0), np.empty(0, np.int64))
 
     @property
-    def arrays(self) -> tuple[np.ndarray, ...]:
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                              np.ndarray, np.ndarray]:
         """The arrays, in the argument order of :func:`insert` and :func:`remove`."""
         return (self.bkeys, self.bids, self.blen, self.order, self.lkey, self.lid, self.fen, self.free, self.meta)
 

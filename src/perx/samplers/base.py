@@ -15,7 +15,8 @@ Every sampler:
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, cast
 
 import numpy as np
 from numba import njit
@@ -120,10 +121,11 @@ class Sampler:
                  for name in ("sample", "sample_gather", "on_add", "on_add_one", "on_add_range")}
         if owner["sample"] < owner["sample_gather"]:
             cls.fuses_gather = False
+        # (the generic methods put back on the class deliberately: mypy refuses assigning to a method)
         if owner["on_add"] < owner["on_add_one"]:  # likewise, single adds must reach a redefined on_add
-            cls.on_add_one = Sampler.on_add_one
+            cls.on_add_one = Sampler.on_add_one  # type: ignore[method-assign]
         if owner["on_add"] < owner["on_add_range"]:  # and so must extends
-            cls.on_add_range = Sampler.on_add_range
+            cls.on_add_range = Sampler.on_add_range  # type: ignore[method-assign]
         if "name" in cls.__dict__:  # concrete samplers name themselves; shared bases do not
             Sampler.registry[cls.name] = cls
 
@@ -234,6 +236,10 @@ class Sampler:
     _pool: np.ndarray | None = None
     _pool_kind: int = 0
     _pooling: bool = False
+    #: Set per instance by the ``_rng`` setter and :meth:`_refill` (declared here for the type check, not set).
+    _gen: np.random.Generator
+    _cursor: list[int]
+    _pool_state: Mapping[str, Any]
 
     def _numbers(self, n: int, kind: int) -> np.ndarray:
         """n random numbers, as the sampler's generator would give them drawn directly, in the same order:
@@ -286,7 +292,7 @@ class Sampler:
             return
         self._replay(self._pool_state, self._cursor[0], self._pool_kind)
 
-    def _replay(self, state: dict, used: int, kind: int) -> None:
+    def _replay(self, state: Mapping[str, Any], used: int, kind: int) -> None:
         # the generator set to ``state`` (from before a block), then the ``used`` numbers handed out of it
         # drawn again; the block dropped
         object.__setattr__(self, "_pool", None)
@@ -322,8 +328,8 @@ class Sampler:
     #: True when :meth:`sample_gather` copies the sampled rows in the same compiled call as the draw. False
     #: for a class whose ``sample`` is redefined below its ``sample_gather`` (``__init_subclass__``) and for an
     #: instance given a ``sample`` of its own (a wrapper, a mock: ``__setattr__``), which the fused path
-    #: would bypass.
-    fuses_gather: ClassVar[bool] = False
+    #: would bypass. A class attribute that an instance may shadow (those, and ``RankBased`` in exact mode).
+    fuses_gather: bool = False
 
     def sample_gather(self, batch_size: int, beta: float, size: int, next_id: int, rows64: np.ndarray,
                       plan: np.ndarray, out: np.ndarray) -> None:
@@ -446,7 +452,7 @@ BIT_GENERATORS = {cls.__name__: cls for cls in (np.random.PCG64, np.random.PCG64
 def make_generator(seed: object) -> np.random.Generator:
     """``np.random.default_rng(seed)``; a seed numpy refuses raises ValueError naming ``seed``."""
     try:
-        return np.random.default_rng(seed)
+        return np.random.default_rng(seed)  # type: ignore[arg-type]  # any object: numpy's refusal is caught
     except (TypeError, ValueError) as err:
         raise ValueError(f"seed: expected None, an int >= 0, a sequence of them, or a numpy SeedSequence, "
                          f"BitGenerator or Generator; got {_short(seed)} ({err})") from None
@@ -460,7 +466,7 @@ def restore_rng(state: object) -> np.random.Generator:
         raise ValueError(f"rng: bit_generator must be one of {sorted(BIT_GENERATORS)}, got {_short(name)}")
     bit_generator = cls()
     try:
-        inner = state.get("state")
+        inner = cast(dict, state).get("state")  # (a dict: its bit_generator was found above)
         if name == "MT19937" and not (isinstance(inner, dict) and type(inner.get("pos")) is int
                                       and 0 <= inner["pos"] <= 624):
             # numpy takes any position into its 624-word key, and the next draw reads out of bounds

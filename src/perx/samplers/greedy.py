@@ -41,7 +41,7 @@ class Greedy(Sampler):
         self._heap = _greedy.allocate_heap(self.capacity)  # a copy on a 64-byte boundary again (speed only)
         self._heap[:] = state["_heap"]
 
-    def _arrays(self):
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return self._heap, self._cur, self._key, self._meta, self._pid, self._pstamp
 
     def on_add(self, slots, ids):

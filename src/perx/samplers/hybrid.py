@@ -61,7 +61,7 @@ class Hybrid(Sampler):
         built = []
         for c, comp in enumerate(components):
             if isinstance(comp, dict):  # from a saved configuration: {"name": ..., "config": {...}}
-                cls = Sampler.registry.get(comp.get("name"))
+                cls = Sampler.registry.get(comp.get("name"))  # type: ignore[arg-type]  # any name: None if unknown
                 if cls is None or not isinstance(comp.get("config"), dict):
                     raise ValueError(f"components[{c}]: unknown sampler description {_short(comp)}")
                 comp = cls(**comp["config"])
@@ -83,7 +83,7 @@ class Hybrid(Sampler):
         self.mixing = check_choice(mixing, "mixing", ("shares", "random"))
         if self.mixing == "random":
             for c, comp in enumerate(built):
-                if comp.name == "RankBased" and comp.n_segments is None:
+                if comp.name == "RankBased" and comp.n_segments is None:  # type: ignore[attr-defined]  # (by its name)
                     raise ValueError(f"components[{c}]: with mixing='random' a RankBased component needs a fixed "
                                      f"`segments`, so that its P(i) does not depend on how many draws it gets")
         self.components = built

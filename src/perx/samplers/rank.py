@@ -24,6 +24,8 @@ Two orders:
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 from numba import njit
 
@@ -285,7 +287,7 @@ class RankBased(_HeapSampler):
 
     @property
     def _sort_every(self) -> int:
-        return self.capacity if self.sort_every is None else self.sort_every
+        return self.capacity if self.sort_every is None else self.sort_every  # type: ignore[return-value]  # bound
 
     # -- writes ----------------------------------------------------------------------------------
     def on_add(self, slots, ids):
@@ -324,7 +326,7 @@ class RankBased(_HeapSampler):
     def sort(self) -> None:
         """Fully sort the heap array now (heap mode); O(N log N). Called every ``sort_every`` updates."""
         if not self.exact:
-            _heap.full_sort(self._keys, self._ids, self._pos, int(self._state[0]), self.capacity)
+            _heap.full_sort(self._keys, self._ids, self._pos, int(self._state[0]), cast(int, self.capacity))  # bound
         self._state[1] = 0
 
     # -- sampling --------------------------------------------------------------------------------
