@@ -8,9 +8,13 @@ import numbers
 import numpy as np
 
 
-def _short(value: object) -> str:
+def short(value: object) -> str:
+    """``repr(value)`` cut to 120 characters: how every error message shows the offending value."""
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+_short = short  # the name the core's modules import it under
 
 
 def check_positive_int(value: object, name: str) -> int:

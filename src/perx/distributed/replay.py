@@ -54,13 +54,13 @@ import ray
 from perx import Batch, Proportional, ReplayBuffer, Sampler, Uniform
 from perx.samplers.base import check_sampler
 from perx.validation import (
-    _short,
     as_index_array,
     as_value_array,
     check_batch_size,
     check_capacity,
     check_positive_int,
     check_real,
+    short,
 )
 
 SHARD_BITS = 10
@@ -94,9 +94,9 @@ def _values(values: object, name: str, length: int) -> np.ndarray:
     """
     arr = as_value_array(values, name, length=length)
     if not np.isfinite(arr).all():
-        raise ValueError(f"{name}: expected finite numbers, got {_short(values)}")
+        raise ValueError(f"{name}: expected finite numbers, got {short(values)}")
     if name == "priorities" and (arr < 0).any():
-        raise ValueError(f"priorities: must be >= 0, got {_short(values)}")
+        raise ValueError(f"priorities: must be >= 0, got {short(values)}")
     return arr
 
 
@@ -105,7 +105,7 @@ def _check_seed(seed: object) -> int | None:
     ``np.random.default_rng`` takes, Generators included): the learner's split and every shard's seed are spawned
     from this one by ``np.random.SeedSequence(seed)``, which takes entropy, not a Generator."""
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
-        raise ValueError(f"seed: None or an int >= 0, got {_short(seed)}")
+        raise ValueError(f"seed: None or an int >= 0, got {short(seed)}")
     return None if seed is None else int(seed)
 
 
@@ -122,7 +122,7 @@ def _check_shard_sampler(sampler: object) -> Sampler:
     if type(sampler) not in (Uniform, Proportional):
         raise ValueError(
             f"sampler: ShardedReplay combines shards by their mass totals, which needs P(i) = mass_i / sum: "
-            f"perx.Uniform, perx.Proportional or perx.LAP; got {_short(sampler)} (rank-based sampling would need "
+            f"perx.Uniform, perx.Proportional or perx.LAP; got {short(sampler)} (rank-based sampling would need "
             f"a global rank of every priority across shards, see docs/distributed.md)")
     if sampler.capacity is not None:
         raise ValueError(f"sampler: pass an unbound sampler (a prototype copied into every shard), got {sampler!r} "
@@ -415,7 +415,7 @@ class ShardedReplay:
             raise ValueError(f"num_shards: at most {MAX_SHARDS}, got {num_shards!r}")
         capacity = _check_capacity(capacity, num_shards)
         if type(checkpoint_every) is not int or checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every: an int >= 0, got {_short(checkpoint_every)}")
+            raise ValueError(f"checkpoint_every: an int >= 0, got {short(checkpoint_every)}")
         sampler = _check_shard_sampler(sampler)
         seed = _check_seed(seed)
         if not ray.is_initialized():
@@ -591,7 +591,7 @@ class ShardedReplay:
         values = _values(td_errors, "priorities" if raw else "td_errors", len(ids))
         # global ids carry shard bits (encode_ids), so their range is checked here, not by the core's upper=
         if (ids < 0).any():
-            raise ValueError(f"indices: ids are >= 0, got {_short(ids)}")
+            raise ValueError(f"indices: ids are >= 0, got {short(ids)}")
         shard = ids & _SHARD_MASK
         if len(ids) and shard.max() >= self.num_shards:
             raise ValueError(f"indices: id {int(ids[shard >= self.num_shards][0])} names shard "
@@ -674,7 +674,7 @@ class ShardedReplay:
             shard = self._next_shard = (getattr(self, "_next_shard", -1) + 1) % self.num_shards
         elif isinstance(shard, bool) or not isinstance(shard, (int, np.integer)) or not 0 <= shard < self.num_shards:
             # -1 or True would index self.shards (shard K-1, shard 1) instead of being refused
-            raise ValueError(f"shard: an int in [0, {self.num_shards}), got {_short(shard)}")
+            raise ValueError(f"shard: an int in [0, {self.num_shards}), got {short(shard)}")
         stats = ray.get(self.shards[shard].add.remote(fields, td_errors, priorities, return_ids=True))
         ids = stats.pop("ids")
         self._note(stats)
