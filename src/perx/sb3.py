@@ -212,11 +212,7 @@ class PerxReplayBuffer(ReplayBuffer):
             done: np.ndarray, infos: list[dict[str, Any]]) -> None:
         n = self.n_envs
         if self._plain:  # independent rows of one array observation: the lean path of every SB3 step
-            terminated = np.asarray(done, np.bool_).reshape(n)
-            truncated = self._no_timeout  # no step of this add was cut by a time limit (the usual case)
-            if self.handle_timeout_termination and any(info.get("TimeLimit.truncated", False) for info in infos):
-                timeout = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos], np.bool_)
-                terminated, truncated = terminated & ~timeout, terminated & timeout
+            terminated, truncated = self._ends(np.asarray(done, np.bool_).reshape(n), infos)
             self.buffer.extend(obs=np.asarray(obs).reshape(self._obs_rows),
                                next_obs=np.asarray(next_obs).reshape(self._obs_rows),
                                action=np.asarray(action).reshape(self._action_rows),
@@ -232,14 +228,11 @@ class PerxReplayBuffer(ReplayBuffer):
             next_obs = np.asarray(next_obs).reshape((n, *self.obs_shape))
         action = np.asarray(action).reshape((n, self.action_dim))
         done = np.asarray(done, np.bool_).reshape(n)
-        if self.handle_timeout_termination:
-            timeout = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos], np.bool_)
-        else:
-            timeout = np.zeros(n, np.bool_)
+        terminated, truncated = self._ends(done, infos)
         reward = np.asarray(reward, np.float32).reshape(n)
         if not self._episodic:  # independent rows (a Dict observation): no episode to end or continue
-            self.buffer.extend(obs=obs, next_obs=next_obs, action=action, reward=reward, terminated=done & ~timeout,
-                               truncated=done & timeout)
+            self.buffer.extend(obs=obs, next_obs=next_obs, action=action, reward=reward, terminated=terminated,
+                               truncated=truncated)
             self._sync_position()
             return
         if self._dict_obs:
@@ -251,8 +244,8 @@ class PerxReplayBuffer(ReplayBuffer):
         broken = self._open & ~same
         if broken.any():  # SB3 reset these environments mid-episode: their stored episodes end (truncated)
             self.buffer.end_episodes(self._streams[broken])
-        self.buffer.extend(obs=obs, next_obs=next_obs, action=action, reward=reward, terminated=done & ~timeout,
-                           truncated=done & timeout, stream=self._streams)
+        self.buffer.extend(obs=obs, next_obs=next_obs, action=action, reward=reward, terminated=terminated,
+                           truncated=truncated, stream=self._streams)
         if self._dict_obs:
             for k, value in next_obs.items():
                 self._next_obs[k][...] = value
@@ -260,6 +253,14 @@ class PerxReplayBuffer(ReplayBuffer):
             self._next_obs[...] = next_obs
         self._open = ~done
         self._sync_position()
+
+    def _ends(self, done: np.ndarray, infos: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+        """(terminated, truncated) bool [n_envs] of SB3's ``done``: a step cut by a time limit is truncated (it
+        bootstraps) when ``handle_timeout_termination``, as in SB3's own buffer."""
+        if not (self.handle_timeout_termination and any(info.get("TimeLimit.truncated", False) for info in infos)):
+            return done, self._no_timeout  # no step of this add was cut by a time limit (the usual case)
+        timeout = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos], np.bool_)
+        return done & ~timeout, done & timeout
 
     def _sync_position(self) -> None:
         # SB3's pos and full count rows of n_envs transitions (its ReplayBuffer keeps buffer_size // n_envs rows)
