@@ -1,12 +1,14 @@
 """The replay buffer's cost inside a TD3-style training loop, ``perx bench-loop`` (issue 14).
 
 A micro-benchmark times the buffer alone, with its arrays hot in the caches. Inside a training loop the
-networks' work evicts them, so each buffer call costs more. This loop is TD3's (004 Table 6: a 256-256 actor,
-two 256-256 critics, batch 256, one critic update per step, the actor every second one) on a fake
-environment (random observations, so nothing but the networks and the buffer runs), with the buffer filled
-to ``N`` transitions first. Every buffer call (add, sample, update of the priorities) is timed inside the
-loop; the table gives the buffer's microseconds per step, the step time, and the prioritized buffer's extra
-time over perx.Uniform's as a share of the uniform step, all from interleaved rounds of one process.
+networks' work evicts them, so each buffer call costs more. This loop is perx's TD3 (``perx.agents.td3.train``,
+004 Table 6: a 256-256 actor, two 256-256 critics, batch 256, one critic update per step, the actor every
+second one) on HalfCheetah-v5 (whose steps cost a few percent of an update), with the buffer filled to ``N``
+random transitions first, so learning starts at once. The perx rows use the agent's own buffer (episodic
+layout); the ``out=`` rows a plain-layout buffer whose samples refill one batch in place (``sample(out=)``
+needs the plain layout). Every buffer call (add, sample, update of the priorities) is timed inside the loop;
+the table gives the buffer's microseconds per step, the step time, and the prioritized buffer's extra time
+over perx.Uniform's as a share of the uniform step, all from interleaved rounds of one process.
 Networks run on CUDA when it is available (``--device``), else on one CPU thread.
 """
 
@@ -22,122 +24,122 @@ from pathlib import Path
 import numpy as np
 
 from bench_buffer import cpu_model
-from bench_td3_overhead import TD3
 
-OBS, ACT = 17, 6  # Hopper-like sizes; float32
+ENV = "HalfCheetah-v5"  # 17 float observations, 6 actions
 
 
 class _Perx:
-    def __init__(self, sampler, capacity: int, seed: int, reuse: bool = False) -> None:
+    """The agent's own buffer (what ``perx.agents.runner`` makes: ``perx.Episodes``, next observations shared)
+    with the variant's sampler."""
+
+    def __init__(self, sampler, capacity: int, seed: int) -> None:
         import perx
 
-        self.reuse = reuse  # sample(out=...): refill the previous batch in place
+        self.buf = perx.ReplayBuffer(capacity, sampler, seed=seed,
+                                     episodes=perx.Episodes(n_step=1, gamma=0.99, next_obs="shared"))
+
+    def __getattr__(self, name):  # episodes, sampler, end_episodes, extend, sample, update_priorities
+        return getattr(self.buf, name)
+
+
+class _PerxOut:
+    """A plain-layout perx buffer holding what the agent samples (``return``, ``discount``), each sample
+    refilling the previous batch in place (``sample(out=)``, which needs the plain layout)."""
+
+    def __init__(self, sampler, capacity: int, seed: int, gamma: float = 0.99) -> None:
+        import perx
+
+        self.gamma = gamma
         self.batch = None
-
         self.buf = perx.ReplayBuffer(capacity, sampler, seed=seed, spec={
-            "obs": ((OBS,), np.float32), "action": ((ACT,), np.float32), "reward": ((), np.float32),
-            "next_obs": ((OBS,), np.float32), "not_done": ((), np.float32)})
-        self.prioritized = not isinstance(sampler, perx.Uniform)
+            "obs": ((17,), np.float32), "action": ((6,), np.float32), "return": ((), np.float32),
+            "next_obs": ((17,), np.float32), "discount": ((), np.float32)})
 
-    def fill(self, data: dict) -> None:
-        self.buf.extend(**data)
+    def __getattr__(self, name):  # sampler, update_priorities, priorities
+        return getattr(self.buf, name)
 
-    def add(self, obs, act, rew, nxt, not_done) -> None:
-        self.buf.add(obs=obs, action=act, reward=rew, next_obs=nxt, not_done=not_done)
+    def extend(self, *, obs, action, reward, next_obs, terminated, truncated):
+        return self.buf.extend(obs=obs, action=action, next_obs=next_obs, **{"return": reward},
+                               discount=self.gamma * (1.0 - np.asarray(terminated, np.float32)))
 
-    def sample(self, b: int, beta: float):
-        if self.reuse and self.batch is not None:
-            batch = self.buf.sample(b, beta=beta, out=self.batch)
-        else:
-            batch = self.buf.sample(b, beta=beta)
-        self.batch = batch
-        return (batch["obs"], batch["action"], batch["reward"], batch["next_obs"], batch["not_done"],
-                batch.weights, batch.indices)
-
-    def update(self, idx, prio) -> None:
-        self.buf.update_priorities(idx, prio)
-
-
-class _Cpprb:
-    prioritized = True
-
-    def __init__(self, capacity: int) -> None:
-        import cpprb
-
-        env = {"obs": {"shape": OBS}, "act": {"shape": ACT}, "rew": {}, "next_obs": {"shape": OBS}, "not_done": {}}
-        self.buf = cpprb.PrioritizedReplayBuffer(capacity, env, alpha=0.6, eps=1e-6)
-
-    def fill(self, data: dict) -> None:
-        self.buf.add(obs=data["obs"], act=data["action"], rew=data["reward"], next_obs=data["next_obs"],
-                     not_done=data["not_done"])
-
-    def add(self, obs, act, rew, nxt, not_done) -> None:
-        self.buf.add(obs=obs, act=act, rew=rew, next_obs=nxt, not_done=not_done)
-
-    def sample(self, b: int, beta: float):
-        s = self.buf.sample(b, beta=beta)
-        return s["obs"], s["act"], s["rew"][:, 0], s["next_obs"], s["not_done"][:, 0], s["weights"], s["indexes"]
-
-    def update(self, idx, prio) -> None:
-        self.buf.update_priorities(idx, prio + 1e-6)
+    def sample(self, b: int, *, beta: float):
+        self.batch = self.buf.sample(b, beta=beta, out=self.batch)
+        return self.batch
 
 
 def make(name: str, capacity: int, seed: int):
-    import perx
+    """The buffer of a table row: perx's (the TD3 variant's sampler) or cpprb's behind the agent's interface."""
+    from perx.agents import td3
 
     reuse = name.endswith(" out=")
-    if name.removesuffix(" out=") == "perx.Uniform":
-        return _Perx(perx.Uniform(), capacity, seed, reuse)
-    if name.removesuffix(" out=") == "perx.Proportional":
-        return _Perx(perx.Proportional(alpha=0.6, normalize="buffer"), capacity, seed, reuse)
+    base = name.removesuffix(" out=")
+    if base in ("perx.Uniform", "perx.Proportional"):
+        variant = "uniform" if base == "perx.Uniform" else "per"
+        sampler = td3.make_sampler(td3.TD3Config(variant=variant))
+        return _PerxOut(sampler, capacity, seed) if reuse else _Perx(sampler, capacity, seed)
     if name == "cpprb PER":
-        return _Cpprb(capacity)
+        from _peers import CpprbPER
+
+        return CpprbPER(capacity, eps=1e-6)
     raise ValueError(f"name: unknown buffer {name!r}")
 
 
 class _Timed:
-    """The buffer with a clock around each call; ``seconds`` accumulates the time spent inside it."""
+    """The buffer with a clock around each call the agent makes to store, sample and update; ``seconds``
+    accumulates the time spent inside them. Everything else passes through untimed."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
         self.seconds = 0.0
 
     def __getattr__(self, name):
-        fn = getattr(self.inner, name)
+        return getattr(self.inner, name)
 
-        def call(*args):
-            t0 = time.perf_counter()
-            out = fn(*args)
-            self.seconds += time.perf_counter() - t0
-            return out
+    def _timed(self, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = fn(*args, **kwargs)
+        self.seconds += time.perf_counter() - t0
+        return out
 
-        return call
+    def extend(self, **fields):
+        return self._timed(self.inner.extend, **fields)
+
+    def sample(self, b: int, *, beta: float):
+        return self._timed(self.inner.sample, b, beta=beta)
+
+    def update_priorities(self, indices, priorities) -> None:
+        self._timed(self.inner.update_priorities, indices, priorities)
 
 
-def _fill_data(n: int, seed: int) -> dict:
+def _fill_data(n: int, seed: int, obs_dim: int = 17, act_dim: int = 6, episode: int = 1000) -> dict:
+    """``n`` random transitions in episodes of ``episode`` steps (cut by a time limit), each next observation
+    the following observation, as an environment would give them."""
     rng = np.random.default_rng(seed)
-    return {"obs": rng.standard_normal((n, OBS), dtype=np.float32),
-            "action": rng.uniform(-1, 1, (n, ACT)).astype(np.float32),
-            "reward": rng.standard_normal(n, dtype=np.float32),
-            "next_obs": rng.standard_normal((n, OBS), dtype=np.float32),
-            "not_done": (rng.random(n) > 0.01).astype(np.float32)}
+    obs = rng.standard_normal((n + 1, obs_dim), dtype=np.float32)
+    truncated = (np.arange(n) + 1) % episode == 0
+    return {"obs": obs[:-1], "action": rng.uniform(-1, 1, (n, act_dim)).astype(np.float32),
+            "reward": rng.standard_normal(n, dtype=np.float32), "next_obs": obs[1:],
+            "terminated": np.zeros(n, np.bool_), "truncated": truncated}
 
 
-def _round(agent, buf: _Timed, prioritized: bool, steps: int, rng, sync) -> tuple[float, float]:
-    """(seconds per step, buffer seconds per step) over ``steps`` steps of act + add + one update, with the TD3
-    of ``perx bench-td3`` (its IS-weighted MSE for the prioritized buffers)."""
-    variant = "per" if prioritized else "uniform"
-    buf.seconds = 0.0
-    obs = rng.standard_normal(OBS, dtype=np.float32)
-    t0 = time.perf_counter()
-    for t in range(steps):
-        a = np.clip(agent.act(obs) + rng.normal(0, 0.1, ACT), -1, 1).astype(np.float32)
-        nxt = rng.standard_normal(OBS, dtype=np.float32)
-        buf.add(obs, a, float(rng.standard_normal()), nxt, 1.0)
-        obs = nxt
-        agent.train(buf, variant, 0.4 + 0.6 * t / steps)
-    sync()
-    return (time.perf_counter() - t0) / steps, buf.seconds / steps
+def _round(variant: str, buf: _Timed, steps: int, seed: int, device: str, sync,
+           capacity: int) -> tuple[float, float]:
+    """(seconds per step, buffer seconds per step): ``perx.agents.td3.train`` for ``steps`` steps on ``buf``
+    (already full: learning starts at once), timed from its first update to its last."""
+    from perx.agents import td3
+
+    cfg = td3.TD3Config(env_id=ENV, variant=variant, seed=seed, total_steps=steps, start_steps=0,
+                        capacity=capacity, eval_every=steps,
+                        eval_episodes=1, eval_max_steps=1, device=device)
+    marks: list[tuple[float, float]] = []
+
+    def on_update(step: int, losses: np.ndarray) -> None:
+        sync()
+        marks.append((time.perf_counter(), buf.seconds))
+
+    td3.train(cfg, buffers=[buf], on_update=on_update)
+    (t0, b0), (t1, b1) = marks[0], marks[-1]
+    return (t1 - t0) / (len(marks) - 1), (b1 - b0) / (len(marks) - 1)
 
 
 NAMES = ("perx.Uniform", "perx.Proportional", "perx.Uniform out=", "perx.Proportional out=", "cpprb PER")
@@ -149,27 +151,25 @@ def run(n: int = 1_000_000, steps: int = 500, rounds: int = 5, device: str | Non
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        torch.set_num_threads(1)
     dev = torch.device(device)
     sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
     data = _fill_data(n, seed)
+    capacity = n + (steps + 20) * (rounds + 1)
     setups, skipped = {}, {}
     for name in NAMES:
         try:
-            inner = make(name, n + steps * rounds + 1, seed)
+            inner = make(name, capacity, seed)
         except ImportError as err:
             skipped[name] = f"not installed ({err.name or err})"
             continue
-        inner.fill(data)
-        setups[name] = (TD3(OBS, ACT, 1.0, seed, device=dev), _Timed(inner), inner.prioritized,
-                        np.random.default_rng(seed))
-    for agent, buf, prio, rng in setups.values():  # warm-up: kernels compiled, CUDA initialised
-        _round(agent, buf, prio, 20, rng, sync)
+        inner.extend(**data)
+        setups[name] = ("uniform" if name.startswith("perx.Uniform") else "per", _Timed(inner))
+    for variant, buf in setups.values():  # warm-up: kernels compiled, CUDA initialised
+        _round(variant, buf, 20, seed, device, sync, capacity)
     times = {name: {"step": [], "buffer": []} for name in setups}
     for r in range(rounds):
-        for name, (agent, buf, prio, rng) in setups.items():
-            step, bufs = _round(agent, buf, prio, steps, rng, sync)
+        for name, (variant, buf) in setups.items():
+            step, bufs = _round(variant, buf, steps, seed + r, device, sync, capacity)
             times[name]["step"].append(step)
             times[name]["buffer"].append(bufs)
             log(f"round {r + 1}/{rounds} {name}: step {step * 1e3:.2f} ms, buffer {bufs * 1e6:.1f} us")
@@ -184,13 +184,14 @@ def table(result: dict, command: str) -> str:
     t = result["times"]
     med = {k: {m: statistics.median(v[m]) for m in ("step", "buffer")} for k, v in t.items()}
     where = result["gpu"] or f"CPU, one torch thread ({platform.machine()}, {cpu_model()})"
-    lines = ["# Buffer time inside a TD3-style loop", "", f"Command: `{command}`", "",
-             f"{where}; torch {result['torch']}, perx {perx.__version__}. Buffer filled to N = {result['n']:,}; "
-             f"{result['rounds']} interleaved rounds of {result['steps']} steps (act, add, one critic update with "
-             "batch 256, the actor every second step); medians over rounds. Buffer time = the add, sample and "
-             "priority-update calls, timed inside the loop. Extra = (buffer time - perx.Uniform's buffer time) / "
-             "perx.Uniform's step time; for the `out=` rows (each sample refills the previous batch in place) "
-             "against `perx.Uniform out=`.", "",
+    lines = ["# Buffer time inside perx's TD3 loop", "", f"Command: `{command}`", "",
+             f"{where}; torch {result['torch']}, perx {perx.__version__}. `perx.agents.td3.train` on {ENV}, buffer "
+             f"filled to N = {result['n']:,}; {result['rounds']} interleaved rounds of {result['steps']} steps (act, "
+             "add, one critic update with batch 256, the actor every second step); medians over rounds. The perx "
+             "rows hold the agent's own (episodic) buffer, the `out=` rows a plain-layout one. Buffer time = the "
+             "add, sample and priority-update calls, timed inside the loop. Extra = (buffer time - perx.Uniform's "
+             "buffer time) / perx.Uniform's step time; for the `out=` rows (each sample refills the previous "
+             "batch in place) against `perx.Uniform out=`.", "",
              "| buffer | buffer µs per step | step ms | extra over uniform | rounds: buffer µs |",
              "|---|---|---|---|---|"]
     for name, m in med.items():

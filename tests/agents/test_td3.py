@@ -169,3 +169,44 @@ def test_beta_reaches_one_over_the_presets_horizon(preset, beta_steps, step, exp
 def test_bad_preset_or_beta_horizon_is_refused_naming_it(field, value):
     with pytest.raises(ValueError, match=field):
         TD3Config(**{field: value})
+
+
+class _Counting:
+    """A buffer passed in: the default perx buffer behind a proxy that counts the agent's calls."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, {"extend": 0, "sample": 0, "update_priorities": 0}
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if name not in self.calls:
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls[name] += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def test_a_buffer_passed_in_takes_every_store_sample_and_update_and_trains_identically():
+    cfg = TD3Config(variant="per", seed=3, **SMALL)
+    reference = td3.train(cfg)
+    inner = perx.ReplayBuffer(cfg.capacity, td3.make_sampler(cfg), seed=cfg.seed,
+                              episodes=perx.Episodes(n_step=1, gamma=cfg.gamma, next_obs="shared"))
+    proxy = _Counting(inner)
+    rows = td3.train(cfg, buffers=[proxy])
+    def learned(run):  # everything but the clock, nan (no episode finished yet) as None
+        return [{k: (None if v != v else v) for k, v in row.items() if k != "steps_per_second"} for row in run]
+
+    assert learned(rows[0]) == learned(reference[0])  # same losses and returns, bit for bit
+    updates = cfg.total_steps - cfg.start_steps + 1  # one per step from step start_steps on
+    assert proxy.calls == {"extend": cfg.total_steps, "sample": updates, "update_priorities": updates}
+
+
+def test_buffers_passed_in_are_refused_with_checkpoints_or_in_the_wrong_number(tmp_path):
+    cfg = TD3Config(variant="uniform", **SMALL)
+    with pytest.raises(ValueError, match="buffers"):
+        td3.train(cfg, [tmp_path], buffers=[object()])
+    with pytest.raises(ValueError, match="buffers: one per run, got 2 for 1"):
+        td3.Runs([cfg], buffers=[object(), object()])

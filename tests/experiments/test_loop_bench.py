@@ -10,14 +10,17 @@ import bench_loop as loop_bench  # benchmarks/, on pytest's pythonpath
 
 def test_timed_wrapper_counts_only_the_time_inside_the_buffer():
     class Slow:
-        def sample(self, b, beta):
+        name = "slow"
+
+        def sample(self, b, *, beta):
             import time
 
             time.sleep(0.01)
             return b
 
     timed = loop_bench._Timed(Slow())
-    assert timed.sample(3, 0.4) == 3
+    assert timed.name == "slow" and timed.seconds == 0.0  # attributes pass through, untimed
+    assert timed.sample(3, beta=0.4) == 3
     assert 0.009 < timed.seconds < 0.1
 
 
@@ -33,19 +36,28 @@ def test_a_tiny_run_times_every_buffer_and_reports_the_extra_over_uniform(tmp_pa
 
 def test_the_out_rows_refill_one_batch():
     buf = loop_bench.make("perx.Proportional out=", 64, 0)
-    buf.fill(loop_bench._fill_data(64, 0))
-    first = buf.sample(16, 0.4)
-    second = buf.sample(16, 0.4)
-    assert first[0] is second[0] and buf.batch is not None
+    buf.extend(**loop_bench._fill_data(64, 0))
+    first = buf.sample(16, beta=0.4)
+    second = buf.sample(16, beta=0.4)
+    assert first is second and first["obs"] is second["obs"]
 
 
 def test_the_prioritized_buffer_receives_the_critics_errors():
-    buf = loop_bench.make("perx.Proportional", 64, 0)
-    buf.fill(loop_bench._fill_data(64, 0))
-    agent = loop_bench.TD3(loop_bench.OBS, loop_bench.ACT, 1.0, 0)
-    agent.train(buf, "per", 0.4)
-    # new transitions hold priority 1; the 256 draws' priorities were rewritten by |delta| + eps
-    assert not np.all(buf.buf.priorities(np.arange(64)) == 1.0)
+    buf = loop_bench._Timed(loop_bench.make("perx.Proportional", 400, 0))
+    buf.extend(**loop_bench._fill_data(300, 0))
+    loop_bench._round("per", buf, 3, 0, "cpu", lambda: None, 400)
+    # new transitions hold priority 1; the draws' priorities were rewritten by the critics' |delta| + eps
+    assert not np.all(buf.priorities(np.arange(300)) == 1.0)
+    assert buf.seconds > 0
+
+
+def test_uniform_rows_send_no_priorities():
+    buf = loop_bench._Timed(loop_bench.make("perx.Uniform", 400, 0))
+    buf.extend(**loop_bench._fill_data(300, 0))
+    sent = []
+    buf.inner.update_priorities = lambda *a: sent.append(a)
+    loop_bench._round("uniform", buf, 3, 0, "cpu", lambda: None, 400)
+    assert sent == []
 
 
 def test_output_defaults_to_a_folder_git_ignores():

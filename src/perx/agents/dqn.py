@@ -47,6 +47,7 @@ from perx.agents.runner import (
     VariantConfig,
     _take_old_name,
     flush_denormals,
+    keeps_priorities,
     progress_bar,
     renamed,
 )
@@ -365,7 +366,7 @@ class Runs(LockstepRuns):
         self.beta_steps = [cfg.beta_steps for cfg in configs]
         self.priority_clip = [s.get("priority_clip") for s in settings]
         # priorities go back to every sampler that uses them (a sampler passed in replaces the variant's)
-        self.writes_priorities = [not isinstance(buf.sampler, perx.Uniform) for buf in self.buffers]
+        self.writes_priorities = [keeps_priorities(buf) for buf in self.buffers]
         self.prioritizers = [make_prioritizer(cfg, buf) for cfg, buf in zip(configs, self.buffers, strict=True)]
         # the steps of each run's current episode, for return boosts (recorded when it ends)
         self.episode_ids: list[list[int]] = [[] for _ in configs]
@@ -460,7 +461,7 @@ class Runs(LockstepRuns):
             _upgrade(d / "checkpoint" / "state.pt")
         if not super().load(dirs):
             return False
-        self.writes_priorities = [not isinstance(buf.sampler, perx.Uniform) for buf in self.buffers]
+        self.writes_priorities = [keeps_priorities(buf) for buf in self.buffers]
         return True
 
 

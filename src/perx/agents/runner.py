@@ -73,12 +73,20 @@ class LockstepRuns:
     """R runs that step together: run r has its own environment (sub-env r of a same-step-autoreset vector
     env), its own perx buffer, random generator and metrics. Subclasses set ``self.nets`` and
     ``self.optimizers`` (dicts of stacked modules / optimisers, saved and restored by name) and implement
-    :meth:`policy` (the evaluation policy)."""
+    :meth:`policy` (the evaluation policy).
+
+    ``buffers`` replaces the default buffers (one ``perx.ReplayBuffer`` with ``perx.Episodes`` per run) with
+    objects that offer what the runs call: ``extend(obs=, action=, reward=, next_obs=, terminated=,
+    truncated=)`` returning ids, ``sample(batch_size, beta=)`` returning a batch with fields ``obs``,
+    ``action``, ``next_obs``, ``return``, ``discount`` and attributes ``weights``, ``indices``, and
+    ``update_priorities(indices, priorities)``. The TD3 overhead benchmark uses it to put cpprb's and Tianshou's
+    buffers behind the same agent; checkpoints (:meth:`save`) need perx buffers."""
 
     #: Config fields every run of a group must share.
     shared_fields: tuple[str, ...] = ()
 
-    def __init__(self, configs: Sequence[Any], samplers: Sequence[perx.Sampler]) -> None:
+    def __init__(self, configs: Sequence[Any], samplers: Sequence[perx.Sampler],
+                 buffers: Sequence[Any] | None = None) -> None:
         first = configs[0]
         for cfg in configs:
             bad = [f for f in self.shared_fields if getattr(cfg, f) != getattr(first, f)]
@@ -90,10 +98,15 @@ class LockstepRuns:
         self.envs = gym.vector.SyncVectorEnv([lambda: make_env(first.env_id) for _ in range(R)],
                                              autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
         self.obs_shape = self.envs.single_observation_space.shape
-        self.buffers = [perx.ReplayBuffer(first.capacity, samplers[r], seed=cfg.seed,
-                                          episodes=perx.Episodes(n_step=getattr(first, "n_step", 1),
-                                                                 gamma=first.gamma, next_obs="shared"))
-                        for r, cfg in enumerate(configs)]
+        if buffers is not None:  # another library's buffer behind perx's interface (benchmarks/_peers.py)
+            if len(buffers) != R:
+                raise ValueError(f"buffers: one per run, got {len(buffers)} for {R} runs")
+            self.buffers = list(buffers)
+        else:
+            self.buffers = [perx.ReplayBuffer(first.capacity, samplers[r], seed=cfg.seed,
+                                              episodes=perx.Episodes(n_step=getattr(first, "n_step", 1),
+                                                                     gamma=first.gamma, next_obs="shared"))
+                            for r, cfg in enumerate(configs)]
         self.recorder = VectorRecorder(self.buffers, self.envs)
         self.rngs = [np.random.default_rng(cfg.seed + 1) for cfg in configs]
         self.nets: dict[str, stacked.StackedNet] = {}
@@ -285,6 +298,12 @@ class LockstepRuns:
             for d in dirs:
                 (d / "done").write_text(json.dumps({"step": self.step}))
         self.envs.close()
+
+
+def keeps_priorities(buffer: Any) -> bool:
+    """Whether the agent sends priorities back to ``buffer``: every sampler but ``perx.Uniform`` uses them (a
+    buffer without a perx sampler, another library's prioritized buffer, does)."""
+    return not isinstance(getattr(buffer, "sampler", None), perx.Uniform)
 
 
 def _fault_point(stage: str, run: int) -> None:

@@ -31,7 +31,14 @@ import torch
 
 import perx
 from perx.agents import stacked
-from perx.agents.runner import LockstepRuns, VariantConfig, _take_old_name, flush_denormals, progress_bar
+from perx.agents.runner import (
+    LockstepRuns,
+    VariantConfig,
+    _take_old_name,
+    flush_denormals,
+    keeps_priorities,
+    progress_bar,
+)
 from perx.torch import losses as tlosses
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -161,8 +168,9 @@ class Runs(LockstepRuns):
 
     shared_fields = SHARED
 
-    def __init__(self, configs: Sequence[TD3Config], *, samplers: Sequence[perx.Sampler] | None = None) -> None:
-        super().__init__(configs, samplers or [make_sampler(c) for c in configs])
+    def __init__(self, configs: Sequence[TD3Config], *, samplers: Sequence[perx.Sampler] | None = None,
+                 buffers: Sequence[Any] | None = None) -> None:
+        super().__init__(configs, samplers or [make_sampler(c) for c in configs], buffers)
         c = self.cfg
         space = self.envs.single_action_space
         self.low, self.high = space.low.astype(np.float32), space.high.astype(np.float32)
@@ -194,7 +202,7 @@ class Runs(LockstepRuns):
         self.kappa = torch.tensor([s.get("kappa", 1.0) for s in settings], device=dev)
         self.alpha = torch.tensor([s.get("alpha", 0.0) for s in settings], device=dev)
         self.beta0 = [s.get("beta0", 1.0) for s in settings]
-        self.writes_priorities = [not isinstance(buf.sampler, perx.Uniform) for buf in self.buffers]
+        self.writes_priorities = [keeps_priorities(buf) for buf in self.buffers]
         # target policy noise from one generator per run, so that a run's draws do not depend on its group
         self.noise = [torch.Generator().manual_seed(cfg.seed + 3) for cfg in configs]
         self.scale = torch.as_tensor((self.high - self.low) / 2, device=dev)
@@ -265,7 +273,7 @@ class Runs(LockstepRuns):
     def load(self, dirs: Sequence[Path]) -> bool:
         if not super().load(dirs):
             return False
-        self.writes_priorities = [not isinstance(buf.sampler, perx.Uniform) for buf in self.buffers]
+        self.writes_priorities = [keeps_priorities(buf) for buf in self.buffers]
         return True
 
     def extra_state(self, r: int) -> dict:
@@ -276,15 +284,20 @@ class Runs(LockstepRuns):
 
 
 def train(configs: TD3Config | Sequence[TD3Config], dirs: Sequence[str | os.PathLike] | None = None, *,
-          samplers: Sequence[perx.Sampler] | None = None, stop_after: int | None = None, progress: bool = False,
-          log: Callable[[str], None] | None = None,
+          samplers: Sequence[perx.Sampler] | None = None, buffers: Sequence[Any] | None = None,
+          stop_after: int | None = None, progress: bool = False, log: Callable[[str], None] | None = None,
           on_update: Callable[[int, np.ndarray], None] | None = None) -> list[list[dict]]:
-    """Train TD3 runs in lockstep; the same contract as :func:`perx.agents.dqn.train`."""
+    """Train TD3 runs in lockstep; the same contract as :func:`perx.agents.dqn.train`, and ``buffers``:
+    each run's replay in place of the default perx buffer, any object with the interface
+    :class:`perx.agents.runner.LockstepRuns` documents (the TD3 overhead benchmark passes cpprb's and
+    Tianshou's buffers here); such runs cannot checkpoint, so ``dirs`` must be None."""
+    if buffers is not None and dirs is not None:
+        raise ValueError("buffers: runs with buffers passed in cannot checkpoint; pass dirs=None")
     configs = [configs] if isinstance(configs, TD3Config) else list(configs)
     torch.set_num_threads(1)
     dirs = [Path(d) for d in dirs] if dirs is not None else None
     with flush_denormals():
-        runs = Runs(configs, samplers=samplers)
+        runs = Runs(configs, samplers=samplers, buffers=buffers)
         runs.begin(dirs)
         c = runs.cfg
         bar = progress_bar(progress, c.total_steps, runs.step, f"{c.env_id} x{runs.R}")
