@@ -13,6 +13,7 @@ own PER, +75.2% Dopamine, +229.4% OpenAI baselines).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -63,8 +64,10 @@ def run(env_id: str = "Hopper-v5", warmup: int = 2000, steps: int = 2000, rounds
                 log(f"round {r}: {name} {1e3 * times[name][-1]:.2f} ms per step")
             except ImportError as err:
                 skipped[name] = f"not installed ({err.name})"
+    from bench_buffer import cpu_model
+
     return {"times": {k: v for k, v in times.items() if v}, "skipped": skipped, "env": env_id, "warmup": warmup,
-            "steps": steps, "rounds": rounds}
+            "steps": steps, "rounds": rounds, "cpu": f"{cpu_model()} ({os.cpu_count()} cores)"}
 
 
 def paired_interval(times: list[float], ref: list[float], level: float = 0.95, draws: int = 10_000,
@@ -83,7 +86,8 @@ def table(result: dict, command: str) -> str:
     lines = ["# TD3 run time with each replay buffer (004 Appendix B, Table 3)", "", f"Command: `{command}`", "",
              f"{result['env']}, perx's TD3 (`perx.agents.td3`, 004 Table 6: one update per step, batch 256, 256-256 "
              f"networks, one torch thread), {result['steps']:,} steps timed after {result['warmup']:,} random ones, "
-             f"{result['rounds']} interleaved rounds (round r: seed r for every row), this machine's CPU; only the "
+             f"{result['rounds']} interleaved rounds (round r: seed r for every row), {result.get('cpu', 'CPU')}; "
+             "only the "
              "buffer (and the variant's loss/priority) changes. Run time vs uniform: the median over rounds of "
              "each round's ratio to uniform's time in that round, with a bootstrap 95% interval of that median.",
              "", "| buffer | ms per step (median) | run time vs uniform | 95% interval | rounds (ms) |",
