@@ -1,5 +1,6 @@
 """Ape-X pieces: the exploration schedule, n-step transitions, and a short run on CartPole with faults."""
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -10,11 +11,13 @@ pytest.importorskip("gymnasium")
 ray = pytest.importorskip("ray")
 
 from perx.distributed.apex import (  # noqa: E402
+    DEFAULT_EVAL_LIMIT,
     ApexActor,
     ApexConfig,
     NStep,
     actor_epsilon,
     build_network,
+    eval_env,
     evaluate,
     push_shard,
     train,
@@ -203,8 +206,134 @@ def test_apex_cartpole_improves_and_survives_a_killed_shard_and_actor(ray_cluste
     rows = train(cfg, tmp_path, progress=False, log=None, kill_shard_at=2_000, kill_actor_at=3_000)
     last = rows[-1]
     assert last["step"] >= 8_000 and last["updates"] > 3_000
-    assert last["shard_restarts"] >= 1 and last["actor_restarts"] >= 1
+    # one kill of each: one restart of each, however many calls failed while Ray restarted the actor
+    assert last["shard_restarts"] == 1 and last["actor_restarts"] == 1
     assert last["eval_return"] >= max(60.0, untrained + 30.0), (untrained, [r["eval_return"] for r in rows])
+    assert all(r["eval_return"] <= 500 for r in rows)  # CartPole-v1's own time limit
+    assert [r["step"] for r in rows] == sorted(r["step"] for r in rows)
+    assert all(r["eval_lag_steps"] >= 0 and r["eval_seconds"] > 0 for r in rows)
     header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
     assert header[:3] == ["step", "episodes", "eval_return"]
-    assert (tmp_path / "config.json").exists()
+    report = json.loads((tmp_path / "config.json").read_text())
+    drill = report["drills"]["shard"]
+    assert drill["requested_at"] == 2_000 and drill["killed_at"] >= 2_000 and drill["checkpoints_before"] >= 1
+    (restart,) = report["shard_restarts"]
+    assert restart["restored_next_id"] > 0  # it came back from a checkpoint, not empty
+    assert restart["lost_at_least"] == restart["seen_next_id"] - restart["restored_next_id"]
+    (actor,) = report["actor_restarts"]
+    assert actor["actor"] == 0 and actor["failed_calls"] >= 1 and actor["down_seconds"] > 0
+
+
+def test_eval_env_keeps_the_environments_own_time_limit_or_caps_one_without():
+    def limit(cfg):
+        env = eval_env(cfg)
+        try:
+            return env.get_wrapper_attr("_max_episode_steps")
+        finally:
+            env.close()
+
+    assert limit(ApexConfig()) == 500  # CartPole-v1's own, not a longer cap
+    assert limit(ApexConfig(eval_max_steps=50)) == 50
+    pytest.importorskip("minatar")
+    assert limit(ApexConfig(env_id="MinAtar/Breakout-v0")) == DEFAULT_EVAL_LIMIT
+
+
+@pytest.mark.slow
+def test_shard_drill_waits_for_a_checkpoint_and_says_when_none_came(ray_cluster, tmp_path):
+    cfg = ApexConfig(total_steps=1_500, num_actors=1, num_shards=2, learning_starts=200, eval_every=1_500,
+                     eval_episodes=1, checkpoint_every=100_000, actor_cpus=0.0, replay_ratio=4.0)
+    logged = []
+    rows = train(cfg, tmp_path, progress=False, log=logged.append, kill_shard_at=500)
+    assert rows[-1]["shard_restarts"] == 0  # never killed: it had no checkpoint to come back from
+    drill = json.loads((tmp_path / "config.json").read_text())["drills"]["shard"]
+    assert drill == {"requested_at": 500, "killed_at": None,
+                     "why": "the run ended before shard 0 made its first checkpoint"}
+    assert any("waiting for shard 0's first checkpoint" in line for line in logged)
+
+
+@pytest.mark.slow
+def test_an_actor_that_never_comes_back_ends_the_run_after_the_timeout(ray_cluster, monkeypatch):
+    import perx.distributed.apex as apex
+
+    kill = ray.kill
+    monkeypatch.setattr(apex.ray, "kill", lambda actor, no_restart=True: kill(actor, no_restart=True))
+    cfg = ApexConfig(total_steps=50_000, num_actors=2, num_shards=1, learning_starts=200, eval_every=50_000,
+                     actor_cpus=0.0, replay_ratio=4.0, actor_restart_timeout=2.0)
+    with pytest.raises(RuntimeError, match=r"actor 0 has been unreachable for \d+ s since it died "
+                                           r"\(actor_restart_timeout=2 s\)"):
+        train(cfg, None, progress=False, log=None, kill_actor_at=500)
+
+
+@pytest.mark.slow
+def test_a_run_whose_driver_is_killed_resumes_from_its_last_checkpoint(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    args = ["apex", "--steps", "6000", "--num-cpus", "2", "--no-progress", "--out", str(tmp_path), "--set",
+            "learner_checkpoint_every=200", "eval_every=3000", "eval_episodes=2", "learning_starts=500",
+            "actor_cpus=0.0"]
+    cmd = [sys.executable, "-c", "import sys; from perx.cli import main; sys.exit(main(sys.argv[1:]))"]
+    run = tmp_path / "CartPole-v1" / "apex-per" / "seed=0"
+    driver = subprocess.Popen(cmd + args, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        while not (run / "learner.pt").exists() and time.time() < deadline and driver.poll() is None:
+            time.sleep(0.5)
+        assert (run / "learner.pt").exists(), "no learner checkpoint was written"
+        time.sleep(1.0)
+    finally:
+        os.killpg(driver.pid, signal.SIGKILL)  # kill -9: the driver, and the local Ray it started
+        driver.wait()
+    saved = torch.load(run / "learner.pt", weights_only=False)["counters"]
+    assert 0 < saved["env_steps"] < 6000
+    done = subprocess.run(cmd + args + ["--resume"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((run / "config.json").read_text())
+    (resumed,) = report["resumes"]
+    assert resumed["step"] == saved["env_steps"] and resumed["updates"] == saved["updates"]
+    assert [s["shard"] for s in resumed["shards"]] == [0, 1]
+    assert all(s["restored_next_id"] >= s["seen_next_id"] > 0 for s in resumed["shards"])  # shards saved first
+    rows = [line.split(",") for line in (run / "metrics.csv").read_text().splitlines()[1:]]
+    assert int(rows[-1][0]) >= 6000
+    assert "resumed at step" in done.stdout + done.stderr
+
+
+def test_resume_is_refused_without_a_checkpoint_or_with_other_settings(tmp_path):
+    import torch
+
+    from perx.distributed.apex import _load_learner
+
+    with pytest.raises(ValueError, match="resume: no learner checkpoint"):
+        _load_learner(ApexConfig(), tmp_path)
+    import dataclasses
+
+    torch.save({"config": dataclasses.asdict(ApexConfig(learning_rate=1e-4))}, tmp_path / "learner.pt")
+    with pytest.raises(ValueError, match=r"learning_rate=0.0001 \(now 0.001\)"):
+        _load_learner(ApexConfig(), tmp_path)
+    assert _load_learner(ApexConfig(learning_rate=1e-4, total_steps=99_000), tmp_path)  # more steps: allowed
+
+
+@pytest.mark.slow
+def test_the_rate_limiter_holds_samples_per_insert_within_its_band(ray_cluster):
+    cfg = ApexConfig(total_steps=5_000, num_actors=2, num_shards=2, learning_starts=500, eval_every=5_000,
+                     eval_episodes=1, actor_cpus=0.0, replay_ratio=8.0, rate_limit=1_100.0, collect_steps=128)
+    rows = train(cfg, None, progress=False, log=None)
+    last = rows[-1]
+    # sampled ~ 8 x (inserted - 500) within the band, give or take the pushes still on their way
+    credit = 8.0 * (last["ingested"] - 500) - last["sampled"]
+    assert -1_100 - 64 <= credit <= 1_100 + 8.0 * 2 * 256, (credit, last)
+    assert last["updates"] > 300
+
+
+def test_a_rate_limit_too_narrow_or_without_a_ratio_is_refused():
+    with pytest.raises(ValueError, match="rate_limit: needs replay_ratio > 0"):
+        ApexConfig(replay_ratio=0.0, rate_limit=100.0)
+    with pytest.raises(ValueError, match=r"rate_limit: at least \(batch_size \+ replay_ratio x collect_steps\) / 2 "
+                                         r"= 4128, got 100.0"):
+        ApexConfig(rate_limit=100.0)

@@ -41,6 +41,7 @@ import perx
 from perx.agents.dqn import network_for
 from perx.agents.envs import make_env, network_input
 from perx.agents.runner import METRICS, progress_bar, versions, write_metrics
+from perx.distributed.rate import RateLimiter
 from perx.distributed.replay import MAX_SHARDS, ShardedReplay, _restarted
 from perx.validation import check_positive_int
 
@@ -97,18 +98,34 @@ class ApexConfig:
     replay_ratio: float = 32.0
     """Sampled transitions per environment step the learner aims for (0: no throttling). CartPole learns
     erratically at 8 and steadily at 32 (one update of 64 every 2 steps), measured in docs/distributed.md."""
+    rate_limit: float = 0.0
+    """> 0: pace with the replay's samples-per-insert rate limiter instead (:class:`RateLimiter` at
+    ``replay_ratio`` samples per inserted transition after ``learning_starts``, this error buffer in sampled
+    transitions; at least (batch_size + replay_ratio x collect_steps) / 2): the learner waits for data and
+    no actor starts a collect the band cannot take. 0: the learner's own pacing (below)."""
     learning_starts: int = 1_000
     """Transitions stored before learning starts."""
     eps_base: float = 0.4
     eps_alpha: float = 7.0
     eval_every: int = 2_000
+    """Environment steps between evaluations; each runs in an evaluation actor, off the learner's path."""
     eval_episodes: int = 10
     eval_epsilon: float = 0.001
-    eval_max_steps: int = 5_000
+    eval_max_steps: int | None = None
+    """Cut evaluation episodes here; None: the environment's own time limit (CartPole-v1: 500), and
+    ``DEFAULT_EVAL_LIMIT`` steps for one without a limit (MinAtar)."""
+    eval_cpus: float = 0.0
+    """CPUs Ray reserves for the evaluation actor."""
+    actor_restart_timeout: float = 300.0
+    """Seconds an actor may stay unreachable after it died (Ray restarting it) before the run gives up."""
     max_episode_steps: int | None = None
     """Time limit of the actors' environments (None: the environment's own)."""
     checkpoint_every: int = 0
     """A shard saves itself after this many added transitions (0: never; then a restarted shard is empty)."""
+    learner_checkpoint_every: int = 2_000
+    """Learner updates between checkpoints of the whole run (with an output folder): every shard saves its
+    buffer, then the learner its networks, optimiser, counters and metrics (``learner.pt``); ``train(...,
+    resume=True)`` (``perx apex --resume``) continues from there. 0: never."""
     actor_cpus: float = 0.5
     shard_cpus: float = 0.0
     hidden: int = 128
@@ -127,20 +144,22 @@ class ApexConfig:
                 raise ValueError(f"{name}: a str, got {getattr(self, name)!r}")
         for name in ("total_steps", "num_actors", "num_shards", "capacity", "n_step", "batch_size", "target_update",
                      "broadcast_every", "push_size", "collect_steps", "prefetch", "learning_starts", "eval_every",
-                     "eval_episodes", "eval_max_steps", "hidden"):
+                     "eval_episodes", "hidden"):
             v = getattr(self, name)
             if type(v) is not int or v < 1:
                 raise ValueError(f"{name}: an int >= 1, got {v!r}")
-        for name in ("seed", "checkpoint_every"):
+        for name in ("seed", "checkpoint_every", "learner_checkpoint_every"):
             v = getattr(self, name)
             if type(v) is not int or v < 0:
                 raise ValueError(f"{name}: an int >= 0, got {v!r}")
-        if self.max_episode_steps is not None and (type(self.max_episode_steps) is not int
-                                                   or self.max_episode_steps < 1):
-            raise ValueError(f"max_episode_steps: None or an int >= 1, got {self.max_episode_steps!r}")
+        for name in ("max_episode_steps", "eval_max_steps"):
+            v = getattr(self, name)
+            if v is not None and (type(v) is not int or v < 1):
+                raise ValueError(f"{name}: None or an int >= 1, got {v!r}")
         for names, ok, what in ((("beta0", "gamma", "eps_base", "eval_epsilon"), lambda v: 0 <= v <= 1, "in [0, 1]"),
-                                (("kappa", "learning_rate"), lambda v: v > 0, "> 0"),  # kappa: a Huber threshold
-                                (("alpha", "replay_ratio", "eps_alpha", "actor_cpus", "shard_cpus"),
+                                (("kappa", "learning_rate", "actor_restart_timeout"), lambda v: v > 0, "> 0"),
+                                (("alpha", "replay_ratio", "eps_alpha", "actor_cpus", "shard_cpus", "eval_cpus",
+                                  "rate_limit"),
                                  lambda v: v >= 0, ">= 0")):
             for name in names:
                 v = getattr(self, name)
@@ -152,6 +171,13 @@ class ApexConfig:
             raise ValueError(f"capacity: at least num_shards ({self.num_shards}), got {self.capacity!r}")
         if not isinstance(self.extra, dict):
             raise ValueError(f"extra: a dict, got {self.extra!r}")
+        if self.rate_limit > 0 and not self.replay_ratio > 0:
+            raise ValueError(f"rate_limit: needs replay_ratio > 0 (the samples per insert it holds), got "
+                             f"replay_ratio={self.replay_ratio!r}")
+        if self.rate_limit > 0 and 2 * self.rate_limit < self.batch_size + self.replay_ratio * self.collect_steps:
+            raise ValueError(f"rate_limit: at least (batch_size + replay_ratio x collect_steps) / 2 = "
+                             f"{(self.batch_size + self.replay_ratio * self.collect_steps) / 2:g}, got "
+                             f"{self.rate_limit!r}; a narrower band could hold the learner and the actors at once")
         if self.learning_starts > self.capacity:
             raise ValueError(f"learning_starts: at most capacity ({self.capacity}), got {self.learning_starts!r}; "
                              f"learning would never start")
@@ -359,10 +385,25 @@ def _weights(net: torch.nn.Module) -> dict[str, np.ndarray]:
     return {k: v.detach().cpu().numpy().copy() for k, v in net.state_dict().items()}
 
 
+#: Evaluation episodes of an environment without a time limit of its own stop here (as ``perx dqn``'s).
+DEFAULT_EVAL_LIMIT = 10_000
+
+
+def eval_env(cfg: ApexConfig) -> Any:
+    """The evaluation environment: ``eval_max_steps`` if set, else the environment's own time limit, else
+    :data:`DEFAULT_EVAL_LIMIT`."""
+    import gymnasium as gym
+
+    env = make_env(cfg.env_id, max_episode_steps=cfg.eval_max_steps)
+    if cfg.eval_max_steps is None and (env.spec is None or env.spec.max_episode_steps is None):
+        env = gym.wrappers.TimeLimit(env, DEFAULT_EVAL_LIMIT)
+    return env
+
+
 def evaluate(cfg: ApexConfig, net: torch.nn.Module) -> float:
     """Mean return of ``eval_episodes`` episodes of the epsilon-greedy (``eval_epsilon``) policy, on an
-    environment seeded with seed + 100 (the same start states at every evaluation)."""
-    env = make_env(cfg.env_id, max_episode_steps=cfg.eval_max_steps)
+    environment seeded with seed + 100 (the same start states at every evaluation), cut as :func:`eval_env`."""
+    env = eval_env(cfg)
     rng = np.random.default_rng(cfg.seed + 200)
     totals = []
     obs, _ = env.reset(seed=cfg.seed + 100)
@@ -384,18 +425,52 @@ def evaluate(cfg: ApexConfig, net: torch.nn.Module) -> float:
     return float(np.mean(totals))
 
 
+class ApexEvaluator:
+    """Evaluates the learner's weights away from the learner (a Ray actor): the learner sends weights and
+    collects the return when it is ready, never waiting for it until the run's end."""
+
+    def __init__(self, cfg: ApexConfig, obs_shape: tuple[int, ...], actions: int) -> None:
+        torch.set_num_threads(1)
+        self.cfg = dataclasses.replace(cfg, device="cpu")
+        self.net = build_network(self.cfg, obs_shape, actions)
+
+    def evaluate(self, weights: dict[str, np.ndarray]) -> tuple[float, float]:
+        """(mean return, seconds taken) of :func:`evaluate` with ``weights``."""
+        t0 = time.perf_counter()
+        self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+        return evaluate(self.cfg, self.net), time.perf_counter() - t0
+
+
 EXTRA_METRICS = ("updates", "sampled", "ingested", "stale_skipped", "shard_restarts", "actor_restarts",
-                 "learner_updates_per_second")
+                 "learner_updates_per_second", "eval_lag_steps", "eval_seconds")
+
+#: Seconds between a failed call to a dead actor and the next try (Ray is restarting it meanwhile).
+RETRY_SECONDS = 0.5
 
 
 def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bool = True,
-          log=print, kill_shard_at: int | None = None, kill_actor_at: int | None = None) -> list[dict[str, Any]]:
+          log=print, kill_shard_at: int | None = None, kill_actor_at: int | None = None,
+          resume: bool = False) -> list[dict[str, Any]]:
     """Run Ape-X Double DQN on the Ray cluster this process is connected to (``ray.init`` first).
 
-    Writes ``out/metrics.csv`` (after every evaluation) and ``out/config.json``; returns the metric rows.
-    ``kill_shard_at`` / ``kill_actor_at``: kill shard 0 / actor 0 once this many environment steps are done
-    (fault-tolerance drills: Ray restarts the shard from its checkpoint and the actor afresh, and the run
-    carries on; counted in the metrics as shard_restarts and actor_restarts).
+    Writes ``out/metrics.csv`` (as evaluations come back) and ``out/config.json``; returns the metric rows.
+    Evaluations run in an evaluation actor: a row holds the counters at the step its weights were taken and
+    the return when it arrives (``eval_lag_steps`` later); the learner waits only for the last one.
+
+    ``kill_shard_at`` / ``kill_actor_at``: fault drills, killing shard 0 / actor 0 once this many environment
+    steps are done. Ray restarts the shard from its checkpoint and the actor afresh, and the run carries on;
+    the metrics count shard_restarts and actor_restarts, and config.json's ``drills`` and ``restarts`` say
+    what happened and what was lost. With checkpoints on, the shard drill waits for shard 0's first
+    checkpoint (and says so), so that the drill exercises a restore rather than an empty restart.
+    An actor that died is counted once, however many calls fail while Ray restarts it; the run gives up on
+    it after ``actor_restart_timeout`` seconds unreachable.
+
+    Every ``learner_checkpoint_every`` updates the run checkpoints (shards, then ``out/learner.pt``).
+    ``resume=True`` continues a run whose driver died from its last checkpoint: networks, optimiser,
+    counters, metrics and shards as they were then; the actors start afresh (their unfinished n-step windows
+    and anything not yet pushed are lost). config.json's ``resumes`` records each resume: the step it went
+    back to and, per shard, the next id the learner had seen against the one restored. A config that differs
+    from the checkpoint's in anything but ``total_steps`` is refused.
     """
     if not ray.is_initialized():
         raise RuntimeError("apex.train: call ray.init(...) first")
@@ -410,78 +485,187 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
     optimizer = torch.optim.Adam(q.parameters(), lr=cfg.learning_rate)
     make_sampler, huber_kappa, beta_fixed = VARIANTS[cfg.variant]
     kappa = cfg.kappa if huber_kappa is None else huber_kappa
+    saved = _load_learner(cfg, out) if resume else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        if not resume and (out / "learner.pt").exists():
+            (out / "learner.pt").unlink()  # a fresh run: an old checkpoint must not be resumed later by mistake
     checkpoint_dir = None
-    if cfg.checkpoint_every and out is not None:
+    if (cfg.checkpoint_every or cfg.learner_checkpoint_every) and out is not None:
         checkpoint_dir = out / "shards"
+    limiter = RateLimiter(cfg.replay_ratio, cfg.learning_starts, cfg.rate_limit) if cfg.rate_limit > 0 else None
     replay = ShardedReplay(cfg.num_shards, cfg.capacity, make_sampler(cfg), seed=cfg.seed,
                            checkpoint_dir=checkpoint_dir, checkpoint_every=cfg.checkpoint_every,
-                           num_cpus=cfg.shard_cpus)
+                           num_cpus=cfg.shard_cpus, resume=resume, rate_limiter=limiter,
+                           sample_timeout=cfg.actor_restart_timeout)
     Actor = ray.remote(ApexActor).options(max_restarts=-1, num_cpus=cfg.actor_cpus)
     # weights go by a call, not as constructor arguments: a restarted actor must not depend on an object
     # that may have left the store (ray-project/ray#53727); it gets the latest weights when it rejoins
     actors = [Actor.remote(cfg, i, replay.shards) for i in range(cfg.num_actors)]
-    weights = ray.put(_weights(q))
-    for a in actors:
-        a.set_weights.remote(weights)
-    running = {actors[i].collect.remote(cfg.collect_steps): i for i in range(cfg.num_actors)}
+    evaluator = ray.remote(ApexEvaluator).options(num_cpus=cfg.eval_cpus, max_restarts=-1, max_task_retries=-1
+                                                  ).remote(cfg, tuple(obs0.shape), n_actions)
     idle: list[int] = []
-    failures = [0] * cfg.num_actors
-    seen_dead = [False] * cfg.num_actors
+    outage: list[dict[str, Any] | None] = [None] * cfg.num_actors  # actor i's current outage, if it is down
+    retry_at = [0.0] * cfg.num_actors
+    restarts: list[dict[str, Any]] = []  # one record per actor death seen
+    drills: dict[str, Any] = {}
     in_flight: deque = deque()
+    evaluations: deque = deque()  # (reference, row waiting for its return), oldest first
     env_steps = updates = sampled = actor_restarts = 0
     episodes, recent, losses, rows = 0, deque(maxlen=20), [], []
     started = time.time()
     learn_started = None
+    updates_before = 0  # updates done before this process started learning (a resumed run's)
     next_eval = cfg.eval_every
-    killed = killed_actor = False
-    bar = progress_bar(progress, cfg.total_steps, 0, f"apex {cfg.env_id} {cfg.variant}")
+    next_look = 0.0
+    killed_actor = False
+    resumes: list[dict[str, Any]] = []
+    if saved is not None:
+        q.load_state_dict(saved["q"])
+        target.load_state_dict(saved["target"])
+        optimizer.load_state_dict(saved["optimizer"])
+        c = saved["counters"]
+        env_steps, updates, sampled, actor_restarts = c["env_steps"], c["updates"], c["sampled"], c["actor_restarts"]
+        episodes, next_eval = c["episodes"], c["next_eval"]
+        recent.extend(saved["recent"])
+        rows, restarts, drills, resumes = saved["rows"], saved["restarts"], saved["drills"], saved["resumes"]
+        killed_actor = "actor" in drills
+        stats = replay.refresh()
+        resumes.append({"step": env_steps, "updates": updates, "time": time.time(),
+                        "shards": [{"shard": k, "seen_next_id": seen, "restored_next_id": st["next_id"]}
+                                   for k, (seen, st) in enumerate(zip(saved["shard_next_ids"], stats, strict=True))]})
+        replay.restarts.extend(saved["shard_restarts"])
+        started -= c["elapsed"]
+        if log:
+            log(f"apex: resumed at step {env_steps:,} ({updates:,} updates); shards restored to "
+                f"{[st['next_id'] for st in stats]} (next ids; the learner had seen {saved['shard_next_ids']})")
+        if limiter is not None:
+            limiter.sampled = sampled
+    weights = ray.put(_weights(q))
+    for a in actors:
+        a.set_weights.remote(weights)
+    running = {actors[i].collect.remote(cfg.collect_steps): i for i in range(cfg.num_actors)}
+    bar = progress_bar(progress, cfg.total_steps, env_steps, f"apex {cfg.env_id} {cfg.variant}")
 
-    def record() -> None:
-        ret = evaluate(cfg, q)
+    def save_learner() -> None:
+        """Checkpoint the run: every shard's buffer, then the learner (atomic rename), so a learner
+        checkpoint never refers to shard files older than itself."""
+        replay.flush()
+        replay.checkpoint()
+        state = {"config": dataclasses.asdict(cfg), "q": q.state_dict(), "target": target.state_dict(),
+                 "optimizer": optimizer.state_dict(),
+                 "counters": {"env_steps": env_steps, "updates": updates, "sampled": sampled,
+                              "actor_restarts": actor_restarts, "episodes": episodes, "next_eval": next_eval,
+                              "elapsed": time.time() - started},
+                 "recent": list(recent), "rows": rows, "restarts": restarts, "drills": drills, "resumes": resumes,
+                 "shard_restarts": replay.restarts, "shard_next_ids": [st["next_id"] for st in replay.refresh()]}
+        tmp = out / "learner.pt.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, out / "learner.pt")
+
+    def submit_evaluation() -> None:
         elapsed = time.time() - started
         learn_time = time.time() - learn_started if learn_started else 0.0
-        rows.append({"step": env_steps, "episodes": episodes, "eval_return": ret,
-                     "train_return": float(np.mean(recent)) if recent else float("nan"),
-                     "loss": float(np.mean(losses)) if losses else float("nan"),
-                     "steps_per_second": env_steps / max(elapsed, 1e-9), "runs_in_process": 1,
-                     "updates": updates, "sampled": sampled, "ingested": len(replay),
-                     "stale_skipped": replay.skipped, "shard_restarts": len(replay.restarts),
-                     "actor_restarts": actor_restarts,
-                     "learner_updates_per_second": updates / max(learn_time, 1e-9)})
+        row = {"step": env_steps, "episodes": episodes, "eval_return": float("nan"),
+               "train_return": float(np.mean(recent)) if recent else float("nan"),
+               "loss": float(np.mean(losses)) if losses else float("nan"),
+               "steps_per_second": env_steps / max(elapsed, 1e-9), "runs_in_process": 1,
+               "updates": updates, "sampled": sampled, "ingested": len(replay),
+               "stale_skipped": replay.skipped, "shard_restarts": len(replay.restarts),
+               "actor_restarts": actor_restarts,
+               "learner_updates_per_second": (updates - updates_before) / max(learn_time, 1e-9)}
         losses.clear()
+        evaluations.append((evaluator.evaluate.remote(_weights(q)), row))
+
+    def collect_evaluations(wait: bool) -> None:
+        while evaluations:
+            ref, row = evaluations[0]
+            if not wait and not ray.wait([ref], timeout=0)[0]:
+                return
+            evaluations.popleft()
+            row["eval_return"], row["eval_seconds"] = ray.get(ref)
+            row["eval_lag_steps"] = env_steps - row["step"]
+            rows.append(row)
+            if log:
+                log(f"apex {cfg.env_id} {cfg.variant} step {row['step']:,}: eval {row['eval_return']:.1f} "
+                    f"(updates {row['updates']:,})")
+            if out is not None:
+                _write(out, cfg, rows, replay, restarts, drills, resumes)
+
+    def shard_drill() -> None:
+        """Kill shard 0 once the drill's step has come, after its first checkpoint when it makes any."""
+        nonlocal next_look
+        if kill_shard_at is None or "shard" in drills or env_steps < kill_shard_at:
+            return
+        stats = None
+        if checkpoint_dir is not None:
+            if time.monotonic() < next_look:
+                return
+            next_look = time.monotonic() + RETRY_SECONDS
+            stats = replay.refresh()[0]
+            if stats["checkpoints"] < 1:
+                if "shard waiting" not in drills and log:
+                    log(f"apex drill: step {env_steps:,} reached; waiting for shard 0's first checkpoint "
+                        f"(every {cfg.checkpoint_every:,} of its transitions) before killing it")
+                drills["shard waiting"] = True
+                return
+        ray.kill(replay.shards[0], no_restart=False)
+        drills["shard"] = {"requested_at": kill_shard_at, "killed_at": env_steps,
+                           "waited_for_checkpoint": bool(drills.pop("shard waiting", False)),
+                           "checkpoints_before": None if stats is None else stats["checkpoints"],
+                           "next_id_before": None if stats is None else stats["next_id"]}
         if log:
-            log(f"apex {cfg.env_id} {cfg.variant} step {env_steps:,}: eval {ret:.1f} (updates {updates:,})")
-        if out is not None:
-            _write(out, cfg, rows, replay)
+            log(f"apex drill: killed shard 0 at step {env_steps:,}")
 
     try:
         while env_steps < cfg.total_steps:
             learning = len(replay) >= cfg.learning_starts
             behind = cfg.replay_ratio > 0 and sampled >= cfg.replay_ratio * env_steps
-            want_learn = learning and not behind
+            if limiter is not None:  # the replay's rate limiter decides (by the latest shard replies)
+                limiter.inserted_to(sum(st["next_id"] for st in replay.stats))
+                want_learn = limiter.can_sample(cfg.batch_size)
+            else:
+                want_learn = learning and not behind
             # harvest the actors (block for one when there is nothing to learn from yet)
-            ready, _ = ray.wait(list(running), num_returns=len(running) if want_learn else 1,
-                                timeout=0 if want_learn else None)
+            if running:
+                waiting_to_retry = any(t > time.monotonic() for t in retry_at)
+                ready, _ = ray.wait(list(running), num_returns=len(running) if want_learn else 1,
+                                    timeout=0 if want_learn else (RETRY_SECONDS if waiting_to_retry else None))
+            else:  # every actor is down, waiting to be tried again
+                ready = []
+                if not want_learn:
+                    time.sleep(RETRY_SECONDS / 10)
             for ref in ready:
                 i = running.pop(ref)
+                now = time.monotonic()
                 try:
                     res = ray.get(ref)
-                    failures[i] = 0
                 except ray.exceptions.RayActorError as err:
-                    failures[i] += 1
-                    if getattr(err, "actor_init_failed", False) or failures[i] > 20:
-                        raise RuntimeError(f"apex: actor {i} cannot run (its constructor failed, or it died "
-                                           f"{failures[i]} times in a row): {err}") from err
-                    # Ray restarts it; it is sent again, gets the latest weights and rejoins
-                    actor_restarts += 1
-                    seen_dead[i] = True
-                    actors[i].set_weights.remote(ray.put(_weights(q)))
+                    if getattr(err, "actor_init_failed", False):
+                        raise RuntimeError(f"apex: actor {i} cannot run (its constructor failed): {err}") from err
+                    if outage[i] is None:  # a new death: one restart, however many calls fail during it
+                        outage[i] = {"actor": i, "step": env_steps, "time": time.time(), "since": now,
+                                     "failed_calls": 0}
+                        restarts.append(outage[i])
+                        actor_restarts += 1
+                    down = outage[i]
+                    down["failed_calls"] += 1
+                    if now - down["since"] > cfg.actor_restart_timeout:
+                        raise RuntimeError(f"apex: actor {i} has been unreachable for {now - down['since']:.0f} s "
+                                           f"since it died (actor_restart_timeout={cfg.actor_restart_timeout:g} s): "
+                                           f"{err}") from err
+                    retry_at[i] = now + RETRY_SECONDS  # Ray is restarting it: try again shortly
                     idle.append(i)
                     continue
-                if res["restarted"] and not seen_dead[i]:  # it died while idle: restarted before this collect
-                    actor_restarts += 1
+                if outage[i] is not None:  # back after an outage: it gets the latest weights
+                    down = outage[i]
+                    down["down_seconds"] = now - down.pop("since")
+                    outage[i] = None
                     actors[i].set_weights.remote(ray.put(_weights(q)))
-                seen_dead[i] = False
+                elif res["restarted"]:  # it died while idle and was restarted before this collect
+                    actor_restarts += 1
+                    restarts.append({"actor": i, "step": env_steps, "time": time.time(), "while_idle": True})
+                    actors[i].set_weights.remote(ray.put(_weights(q)))
                 env_steps += res["steps"]
                 episodes += len(res["returns"])
                 recent.extend(res["returns"])
@@ -489,23 +673,28 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
                     bar.update(res["steps"])
                 idle.append(i)
             # actors run ahead of the learner by at most one collect each
-            ahead = cfg.replay_ratio > 0 and learning and sampled + cfg.batch_size < cfg.replay_ratio * (
-                env_steps - cfg.num_actors * cfg.collect_steps)
+            ahead = limiter is None and cfg.replay_ratio > 0 and learning and (
+                sampled + cfg.batch_size < cfg.replay_ratio * (env_steps - cfg.num_actors * cfg.collect_steps))
             if not ahead:
-                for i in idle:
+                now = time.monotonic()
+                for i in [i for i in idle if retry_at[i] <= now]:
+                    # with the rate limiter, a collect starts only if the band can take it and those running
+                    # (each counted whole: conservative, as some of it may be in the shards already)
+                    if limiter is not None and not replay.can_insert(cfg.collect_steps,
+                                                                     pending=cfg.collect_steps * len(running)):
+                        break
                     running[actors[i].collect.remote(cfg.collect_steps)] = i
-                idle.clear()
-            if not learning:
+                    idle.remove(i)
+            if not learning or (limiter is not None and not want_learn):
                 replay.refresh()
-            if kill_shard_at is not None and not killed and env_steps >= kill_shard_at:
-                ray.kill(replay.shards[0], no_restart=False)
-                killed = True
+            shard_drill()
             if kill_actor_at is not None and not killed_actor and env_steps >= kill_actor_at:
                 ray.kill(actors[0], no_restart=False)
                 killed_actor = True
+                drills["actor"] = {"requested_at": kill_actor_at, "killed_at": env_steps}
             if want_learn:
                 if learn_started is None:
-                    learn_started = time.time()
+                    learn_started, updates_before = time.time(), updates
                 beta = beta_fixed if beta_fixed is not None else cfg.beta0 + (1 - cfg.beta0) * min(
                     1.0, env_steps / cfg.total_steps)
                 while len(in_flight) < cfg.prefetch:
@@ -529,22 +718,49 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
                     ref = ray.put(_weights(q))
                     for a in actors:
                         a.set_weights.remote(ref)  # queued behind the actor's running collect
+                if out is not None and cfg.learner_checkpoint_every and updates % cfg.learner_checkpoint_every == 0:
+                    save_learner()
             if env_steps >= next_eval:
-                record()
+                submit_evaluation()
                 next_eval += cfg.eval_every
-        if not rows or rows[-1]["step"] != env_steps:
-            record()
+            if evaluations:
+                collect_evaluations(wait=False)
+        last = evaluations[-1][1]["step"] if evaluations else rows[-1]["step"] if rows else None
+        if last != env_steps:
+            submit_evaluation()
+        if kill_shard_at is not None and "shard" not in drills:
+            drills["shard"] = {"requested_at": kill_shard_at, "killed_at": None,
+                               "why": "the run ended before shard 0 made its first checkpoint"
+                               if drills.pop("shard waiting", False) else "the run ended before the step came"}
+            if log:
+                log(f"apex drill: shard 0 was not killed: {drills['shard']['why']}")
+        collect_evaluations(wait=True)
     finally:
         if bar is not None:
             bar.close()
-        for a in actors:
+        for a in [*actors, evaluator]:
             ray.kill(a, no_restart=True)
         replay.flush()
         replay.close()
     return rows
 
 
-def _write(out: Path, cfg: ApexConfig, rows: list[dict], replay: ShardedReplay) -> None:
+def _load_learner(cfg: ApexConfig, out: Path | None) -> dict[str, Any]:
+    """The learner checkpoint of ``out``, refused (ValueError) when missing or made with another config."""
+    if out is None or not (out / "learner.pt").exists():
+        raise ValueError(f"resume: no learner checkpoint (learner.pt) in {out}; a run checkpoints every "
+                         f"learner_checkpoint_every updates when it has an output folder")
+    saved = torch.load(out / "learner.pt", weights_only=False)
+    now, then = dataclasses.asdict(cfg), saved["config"]
+    differ = sorted(k for k in now.keys() | then.keys() if k != "total_steps" and now.get(k) != then.get(k))
+    if differ:
+        raise ValueError(f"resume: the checkpoint in {out} was made with other settings: "
+                         + ", ".join(f"{k}={then.get(k)!r} (now {now.get(k)!r})" for k in differ))
+    return saved
+
+
+def _write(out: Path, cfg: ApexConfig, rows: list[dict], replay: ShardedReplay, restarts: list[dict],
+           drills: dict, resumes: list[dict]) -> None:
     write_metrics(out, rows, (*METRICS, *EXTRA_METRICS))
     v = versions()
     v["ray"] = ray.__version__
@@ -553,5 +769,6 @@ def _write(out: Path, cfg: ApexConfig, rows: list[dict], replay: ShardedReplay) 
                            "ray_resources": {k: float(x) for k, x in ray.cluster_resources().items()
                                              if k in ("CPU", "GPU", "memory")},
                            "ray_nodes": len(ray.nodes())},
-               "shard_restarts": replay.restarts}
+               "shard_restarts": replay.restarts, "actor_restarts": restarts,
+               "drills": {k: v for k, v in drills.items() if k != "shard waiting"}, "resumes": resumes}
     (out / "config.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")

@@ -52,6 +52,7 @@ import numpy as np
 import ray
 
 from perx import Batch, Proportional, ReplayBuffer, Sampler, Uniform
+from perx.distributed.rate import RateLimiter
 from perx.samplers.base import check_sampler
 from perx.validation import (
     as_index_array,
@@ -400,6 +401,10 @@ class ShardedReplay:
             Ray (``max_restarts``) and restores its last checkpoint; calls in flight are retried.
         max_restarts: how often Ray restarts a shard (-1: always).
         num_cpus: CPUs Ray reserves for each shard actor (they mostly wait; default 0).
+        rate_limiter: a :class:`perx.distributed.RateLimiter` (samples per insert within a band): sampling
+            waits until the writers have inserted enough (:attr:`sample_timeout` seconds at most, then
+            TimeoutError), and writers' drivers ask :meth:`can_insert` before inserting more. None: no limit.
+        sample_timeout: seconds a sample may wait for the rate limiter (None: for ever).
 
     The learner's side: :meth:`sample` (reads the totals, then samples: the union's exact P(i)),
     :meth:`sample_async` (pipelined: keep several in flight), :meth:`update_priorities` (sent without
@@ -407,9 +412,13 @@ class ShardedReplay:
     Every sample must be called from one process (the learner); any process may add.
     """
 
+    rate_limiter: RateLimiter | None = None
+    sample_timeout: float | None = None
+
     def __init__(self, num_shards: int, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, resume: bool = False,
-                 max_restarts: int = -1, num_cpus: float = 0.0) -> None:
+                 max_restarts: int = -1, num_cpus: float = 0.0, rate_limiter: RateLimiter | None = None,
+                 sample_timeout: float | None = None) -> None:
         num_shards = check_positive_int(num_shards, "num_shards")
         if num_shards > MAX_SHARDS:  # the shard bits of a global id
             raise ValueError(f"num_shards: at most {MAX_SHARDS}, got {num_shards!r}")
@@ -418,6 +427,10 @@ class ShardedReplay:
             raise ValueError(f"checkpoint_every: an int >= 0, got {short(checkpoint_every)}")
         sampler = _check_shard_sampler(sampler)
         seed = _check_seed(seed)
+        if rate_limiter is not None and not isinstance(rate_limiter, RateLimiter):
+            raise TypeError(f"rate_limiter: a perx.distributed.RateLimiter or None, got {short(rate_limiter)}")
+        if sample_timeout is not None:
+            sample_timeout = check_real(sample_timeout, "sample_timeout", low=0.0)
         if not ray.is_initialized():
             raise RuntimeError("ShardedReplay: call ray.init(...) first (a local cluster or address=...)")
         self.num_shards = num_shards
@@ -451,6 +464,9 @@ class ShardedReplay:
         self.restarts: list[dict[str, Any]] = []
         #: Per shard, the instance tokens of its processes that a restart replaced (their late replies are old).
         self._replaced: list[set[str]] = [set() for _ in range(num_shards)]
+        #: Samples per insert held within a band (None: no limit); see :meth:`can_insert`.
+        self.rate_limiter = rate_limiter
+        self.sample_timeout = sample_timeout
         self.refresh()
 
     def _configure(self, capacity: int, sampler: Sampler, seed: int | None) -> list[int]:
@@ -547,9 +563,38 @@ class ShardedReplay:
         """
         batch_size = check_batch_size(batch_size)
         beta = check_real(beta, "beta", low=0.0, high=1.0)
+        if self.rate_limiter is not None:
+            self._wait_to_sample(batch_size)
         counts, q = self._counts(batch_size)
         refs = [self.shards[k].sample.remote(int(counts[k])) for k in range(self.num_shards)]
         return PendingBatch(self, refs, counts, q, beta)
+
+    def _inserted(self) -> int:
+        """Transitions the writers have inserted in all, as of the latest replies (each shard's next id)."""
+        return sum(s["next_id"] for s in self._stats if s is not None)
+
+    def _wait_to_sample(self, batch_size: int) -> None:
+        limiter = self.rate_limiter
+        limiter.inserted_to(self._inserted())
+        start = time.monotonic()
+        while not limiter.can_sample(batch_size):
+            if self.sample_timeout is not None and time.monotonic() - start > self.sample_timeout:
+                raise TimeoutError(f"sample: the rate limiter held a sample of {batch_size} for "
+                                   f"{self.sample_timeout:g} s (sample_timeout): {limiter.state()}")
+            time.sleep(0.002)
+            self.refresh()
+            limiter.inserted_to(self._inserted())
+        limiter.sampled_more(batch_size)
+
+    def can_insert(self, n: int, pending: int = 0) -> bool:
+        """Whether the rate limiter lets writers insert ``n`` more transitions now, ``pending`` being already on
+        their way (always True without one), by the latest replies (call :meth:`refresh` for fresh counts). A
+        driver that starts the writers' work (as Ape-X's learner starts each actor's ``collect``) asks
+        before starting more."""
+        if self.rate_limiter is None:
+            return True
+        self.rate_limiter.inserted_to(self._inserted())
+        return self.rate_limiter.can_insert(check_positive_int(n, "n"), int(pending))
 
     def sample(self, batch_size: int, beta: float = 1.0) -> Batch:
         """Read the shards' totals, then draw a batch: ``batch.probabilities`` are the union's P(i) =

@@ -27,8 +27,10 @@ def build_parser(prog: str = "perx apex") -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=None, help=f"environment steps over all actors ({d.total_steps})")
     parser.add_argument("--actors", type=int, default=d.num_actors)
     parser.add_argument("--shards", type=int, default=d.num_shards)
-    parser.add_argument("--checkpoint-every", type=int, default=10_000,
-                        help="a shard checkpoints after this many added transitions (0: never)")
+    parser.add_argument("--checkpoint-every", type=int, default=None,
+                        help="a shard checkpoints after this many added transitions (0: never; default 10,000, or "
+                             "with --kill-shard-at K, K / (2 x shards), so that shard 0 has checkpointed about twice "
+                             "before the drill kills it)")
     parser.add_argument("--address", default=None,
                         help="join an existing Ray cluster (e.g. 'auto' or 'ray://head:10001'); default: start a "
                              "local one")
@@ -36,7 +38,13 @@ def build_parser(prog: str = "perx apex") -> argparse.ArgumentParser:
     parser.add_argument("--out", default=DEFAULT_OUT,
                         help="output folder, env/variant/seed=N below it (default: %(default)s, which git ignores)")
     parser.add_argument("--kill-shard-at", type=int, default=None,
-                        help="fault drill: kill shard 0 at this step; Ray restarts it from its checkpoint")
+                        help="fault drill: kill shard 0 at this step (after its first checkpoint); Ray restarts it "
+                             "from that checkpoint; config.json's drills and shard_restarts say what was lost")
+    parser.add_argument("--kill-actor-at", type=int, default=None,
+                        help="fault drill: kill actor 0 at this step; Ray restarts it and it rejoins")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in the output folder from its last checkpoint (after its driver died); "
+                             "give the same settings (--steps may grow)")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE", help="any ApexConfig field")
     return parser
@@ -50,8 +58,11 @@ def main(argv: list[str] | None = None, prog: str = "perx apex") -> int:
     extra = parse_overrides(args.set, ApexConfig)
     if args.steps is not None:
         extra["total_steps"] = args.steps
+    checkpoint_every = args.checkpoint_every
+    if checkpoint_every is None:
+        checkpoint_every = 10_000 if args.kill_shard_at is None else max(1, args.kill_shard_at // (2 * args.shards))
     cfg = ApexConfig(env_id=args.env, variant=args.variant, seed=args.seed, num_actors=args.actors,
-                     num_shards=args.shards, checkpoint_every=args.checkpoint_every, **extra)
+                     num_shards=args.shards, checkpoint_every=checkpoint_every, **extra)
     out = run_dir(Path(args.out), cfg.env_id, f"apex-{cfg.variant}", cfg.seed)
 
     import ray
@@ -65,7 +76,8 @@ def main(argv: list[str] | None = None, prog: str = "perx apex") -> int:
         ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
     t = time.time()
     try:
-        rows = train(cfg, out, progress=not args.no_progress, kill_shard_at=args.kill_shard_at)
+        rows = train(cfg, out, progress=not args.no_progress, kill_shard_at=args.kill_shard_at,
+                     kill_actor_at=args.kill_actor_at, resume=args.resume)
     finally:
         ray.shutdown()
     last = rows[-1]
