@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import perx
+import perx.host
 from perx.agents import stacked
 from perx.agents.envs import make_env, network_input
 from perx.gym import VectorRecorder
@@ -434,37 +435,11 @@ def versions() -> dict[str, str]:
 
 
 #: x86-64 micro-architecture levels (the psABI's), by the CPU features each adds.
-_X86_LEVELS = (("x86-64-v2", ("cx16", "popcnt", "sse3", "sse4.1", "sse4.2", "ssse3")),
-               ("x86-64-v3", ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe")),
-               ("x86-64-v4", ("avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl")))
-
-
 def machine() -> dict[str, Any]:
-    """What the numbers of a run depend on besides the code: the CPU, the target numba (LLVM) compiles the
-    kernels for, the instruction-set level it may use, and the vector code torch dispatches to. Two machines
-    that differ here may round differently, and a training run then takes another path."""
-    out: dict[str, Any] = {"cpus": os.cpu_count(), "machine": platform.machine(), "torch_threads":
-                           torch.get_num_threads()}
-    try:
-        with open("/proc/cpuinfo") as f:
-            out["cpu"] = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-    except OSError:
-        out["cpu"] = platform.processor() or None
-    try:
-        import llvmlite.binding as llvm
-
-        features = {k for k, v in llvm.get_host_cpu_features().items() if v}
-        out["numba_target"] = llvm.get_host_cpu_name()
-        level = "x86-64" if platform.machine() in ("x86_64", "AMD64") else platform.machine()
-        if level == "x86-64":
-            for name, needs in _X86_LEVELS:
-                if not set(needs) <= features:
-                    break
-                level = name
-        out["isa_level"] = level
-        out["cpu_features"] = ",".join(sorted(features))
-    except (ImportError, RuntimeError):  # pragma: no cover - numba depends on llvmlite
-        pass
+    """What the numbers of a run depend on besides the code: :func:`perx.host.describe` (the CPU, the target
+    numba compiles the kernels for, the instruction-set level) and the vector code torch dispatches to. Two
+    machines that differ here may round differently, and a training run then takes another path."""
+    out: dict[str, Any] = {**perx.host.describe(), "torch_threads": torch.get_num_threads()}
     try:
         out["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
     except AttributeError:  # pragma: no cover - older torch

@@ -55,6 +55,7 @@ import numpy as np
 from numba import njit
 
 import perx
+import perx.host
 from perx.envs import BlindCliffwalk
 from perx.experiments._cliffwalk_learner import CONVERGED_MSE, ETA, Learner, _mse, _qv
 from perx.experiments._pool import run_jobs
@@ -484,7 +485,9 @@ def main(argv: list[str] | None = None, prog: str = "perx cliffwalk") -> int:
                   "--out", file=sys.stderr)
             return 2
     meta = {"command": command, "learning": learning, "config": asdict(cfg), "perx": perx.__version__,
-            "numpy": np.__version__, "python": platform.python_version()}
+            "numpy": np.__version__, "python": platform.python_version(),
+            # the oracle rows depend on the host's rounding (numba compiles for it): docs/cliffwalk.md
+            "host": perx.host.describe()}
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     done = {(r["method"], r["n"], r["seed"]) for r in rows}
     jobs = [(m, n, s, cfg) for n in range(cfg.n_min, cfg.n_max + 1) for m in cfg.methods for s in range(cfg.seeds)
