@@ -521,6 +521,16 @@ def test_ragged_lists_in_extend_name_the_field():
         buf.extend(obs=[[1.0, 2.0], [3.0]], action=[1, 2])
 
 
+@pytest.mark.parametrize("ids, values, name", [([0, 1], [1.0, [2.0, 3.0]], "td_errors"),
+                                                ([0, [1, 2]], [1.0, 2.0], "indices")])
+def test_ragged_ids_or_td_errors_name_the_argument_and_change_nothing(ids, values, name):
+    buf = filled(perx.Proportional(), capacity=4)
+    before = buf.priorities(np.arange(4)).copy()
+    with pytest.raises(ValueError, match=rf"{name}: expected a 1-D array of numbers, got a ragged sequence"):
+        buf.update_priorities(ids, values)
+    np.testing.assert_array_equal(buf.priorities(np.arange(4)), before)
+
+
 @pytest.mark.parametrize("values", [[True, False], np.array([True, True])])
 def test_bool_td_errors_are_refused(values):
     buf = filled(perx.Proportional(), capacity=4)

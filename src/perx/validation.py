@@ -83,9 +83,18 @@ def to_numpy(value: object) -> np.ndarray:
     return np.asarray(value)
 
 
+def _as_array(values: object, name: str) -> np.ndarray:
+    """:func:`to_numpy`, with numpy's error for a ragged sequence replaced by one naming the argument."""
+    try:
+        return to_numpy(values)
+    except ValueError:  # numpy: "setting an array element with a sequence" / "inhomogeneous shape"
+        raise ValueError(f"{name}: expected a 1-D array of numbers, got a ragged sequence "
+                         f"{_short(values)}") from None
+
+
 def as_index_array(values: object, name: str, *, upper: int | None = None) -> np.ndarray:
     """A 1-D int64 array (a scalar becomes shape [1]); rejects floats, bools and out-of-range values."""
-    arr = to_numpy(values)
+    arr = _as_array(values, name)
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.ndim != 1:
@@ -106,7 +115,7 @@ def as_index_array(values: object, name: str, *, upper: int | None = None) -> np
 
 def as_value_array(values: object, name: str, *, length: int) -> np.ndarray:
     """A 1-D float64 array of the given length (a scalar becomes shape [1]); bools are refused."""
-    arr = to_numpy(values)
+    arr = _as_array(values, name)
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.ndim != 1:
