@@ -474,3 +474,67 @@ def test_close_kills_the_shards_even_when_an_update_it_waits_for_was_refused(ray
             while time.monotonic() < deadline:
                 ray.get(shard.ping.remote(), timeout=30)
                 time.sleep(0.1)
+
+
+@pytest.fixture
+def single(shards):
+    """The module's shards drawing each batch from one shard (restored after the test)."""
+    shards.single_shard_batches = True
+    yield shards
+    shards.single_shard_batches = False
+
+
+def test_single_shard_batches_pick_shards_by_mass_and_draw_exactly_within_them(single):
+    rng = np.random.default_rng(5)
+    replay = single
+    replay.reset(300, perx.Proportional(alpha=0.6, stratified=False), seed=6)
+    sizes = [7, 12, 4]
+    prio = fill(replay, sizes, rng)
+    mass = np.array([prio[k] for k in sorted(prio)]) ** 0.6
+    exact = mass / mass.sum()
+    edges = np.cumsum([0, *sizes])
+    q = np.array([mass[edges[k]:edges[k + 1]].sum() for k in range(3)]) / mass.sum()
+    chosen = np.zeros(3)
+    within = np.zeros(len(mass))
+    for _ in range(400):
+        batch = replay.sample(16, beta=0.5)
+        obs = batch["obs"][:, 0].astype(int)
+        k = int(np.searchsorted(edges, obs[0], side="right") - 1)
+        assert np.all((edges[k] <= obs) & (obs < edges[k + 1]))  # the whole batch from one shard
+        np.testing.assert_allclose(batch.probabilities, exact[obs], rtol=1e-12)  # P(i) = m_i / M per draw
+        chosen[k] += 1
+        np.add.at(within, obs, 1)
+    # the shard of a batch ~ M_k / M (one choice per batch: independent across batches)
+    assert stats.chisquare(chosen, q * chosen.sum()).pvalue > ALPHA_TEST
+    # given its shard, draws ~ m_i / M_k (independent draws of that shard's sampler)
+    for k in range(3):
+        part = slice(edges[k], edges[k + 1])
+        assert stats.chisquare(within[part], mass[part] / mass[part].sum() * within[part].sum()).pvalue > ALPHA_TEST
+
+
+@pytest.mark.parametrize("normalize", ["buffer", "batch"])
+def test_single_shard_batches_keep_the_closed_form_is_weights(single, normalize):
+    replay = single
+    replay.reset(300, perx.Proportional(alpha=0.7, normalize=normalize), seed=7)
+    prio = fill(replay, [6, 9, 5], np.random.default_rng(8))
+    replay.refresh()  # the other shards' totals, for buffer-wide normalisation
+    P = np.array([prio[k] for k in sorted(prio)]) ** 0.7
+    P = P / P.sum()
+    for _ in range(6):
+        batch = replay.sample(32, beta=0.4)
+        P_b = P[batch["obs"][:, 0].astype(int)]
+        np.testing.assert_allclose(batch.weights, perx.importance_weights(
+            P_b, len(P), 0.4, normalize=normalize, min_probability=P.min()), rtol=1e-12)
+
+
+def test_single_shard_batches_make_one_sample_call_and_one_update_call(single):
+    replay = single
+    replay.reset(300, perx.Proportional(alpha=0.6), seed=9)
+    fill(replay, [10, 10, 10], np.random.default_rng(10))
+    pending = replay.sample_async(16, beta=1.0)
+    assert len(pending.refs) == 1
+    batch = pending.result()
+    before = len(replay._updates)
+    replay.update_priorities(batch.indices, np.ones(16))
+    assert len(replay._updates) - before <= 1  # one call (0 if it was already collected)
+    assert replay.update_priorities(batch.indices, np.ones(16), wait=True) == 16

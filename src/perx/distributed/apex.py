@@ -98,6 +98,9 @@ class ApexConfig:
     replay_ratio: float = 32.0
     """Sampled transitions per environment step the learner aims for (0: no throttling). CartPole learns
     erratically at 8 and steadily at 32 (one update of 64 every 2 steps), measured in docs/distributed.md."""
+    single_shard_batches: bool = False
+    """Draw each batch from one shard chosen by its share of the mass: one sample and one update call per
+    batch instead of one per shard (exact P(i) per draw; see :class:`ShardedReplay`)."""
     rate_limit: float = 0.0
     """> 0: pace with the replay's samples-per-insert rate limiter instead (:class:`RateLimiter` at
     ``replay_ratio`` samples per inserted transition after ``learning_starts``, this error buffer in sampled
@@ -169,6 +172,8 @@ class ApexConfig:
             raise ValueError(f"num_shards: at most {MAX_SHARDS}, got {self.num_shards!r}")
         if self.capacity < self.num_shards:
             raise ValueError(f"capacity: at least num_shards ({self.num_shards}), got {self.capacity!r}")
+        if not isinstance(self.single_shard_batches, bool):
+            raise ValueError(f"single_shard_batches: a bool, got {self.single_shard_batches!r}")
         if not isinstance(self.extra, dict):
             raise ValueError(f"extra: a dict, got {self.extra!r}")
         if self.rate_limit > 0 and not self.replay_ratio > 0:
@@ -497,7 +502,7 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
     replay = ShardedReplay(cfg.num_shards, cfg.capacity, make_sampler(cfg), seed=cfg.seed,
                            checkpoint_dir=checkpoint_dir, checkpoint_every=cfg.checkpoint_every,
                            num_cpus=cfg.shard_cpus, resume=resume, rate_limiter=limiter,
-                           sample_timeout=cfg.actor_restart_timeout)
+                           sample_timeout=cfg.actor_restart_timeout, single_shard_batches=cfg.single_shard_batches)
     Actor = ray.remote(ApexActor).options(max_restarts=-1, num_cpus=cfg.actor_cpus)
     # weights go by a call, not as constructor arguments: a restarted actor must not depend on an object
     # that may have left the store (ray-project/ray#53727); it gets the latest weights when it rejoins

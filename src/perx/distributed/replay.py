@@ -405,6 +405,12 @@ class ShardedReplay:
             waits until the writers have inserted enough (:attr:`sample_timeout` seconds at most, then
             TimeoutError), and writers' drivers ask :meth:`can_insert` before inserting more. None: no limit.
         sample_timeout: seconds a sample may wait for the rate limiter (None: for ever).
+        single_shard_batches: draw each batch from one shard, chosen with probability M_k / M (its share of
+            the mass): one sample call and one priority-update call per batch instead of one per shard. Each
+            draw's P(i) = (M_k / M)(m_i / M_k) = m_i / M stays exact, but the draws of a batch are no longer
+            independent across shards, and stratification spans only the chosen shard's mass. IS weights keep
+            their closed form; buffer-wide normalisation takes the other shards' totals from their latest
+            replies. Default False: every shard draws its share of every batch.
 
     The learner's side: :meth:`sample` (reads the totals, then samples: the union's exact P(i)),
     :meth:`sample_async` (pipelined: keep several in flight), :meth:`update_priorities` (sent without
@@ -414,11 +420,12 @@ class ShardedReplay:
 
     rate_limiter: RateLimiter | None = None
     sample_timeout: float | None = None
+    single_shard_batches = False
 
     def __init__(self, num_shards: int, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, resume: bool = False,
                  max_restarts: int = -1, num_cpus: float = 0.0, rate_limiter: RateLimiter | None = None,
-                 sample_timeout: float | None = None) -> None:
+                 sample_timeout: float | None = None, single_shard_batches: bool = False) -> None:
         num_shards = check_positive_int(num_shards, "num_shards")
         if num_shards > MAX_SHARDS:  # the shard bits of a global id
             raise ValueError(f"num_shards: at most {MAX_SHARDS}, got {num_shards!r}")
@@ -431,6 +438,8 @@ class ShardedReplay:
             raise TypeError(f"rate_limiter: a perx.distributed.RateLimiter or None, got {short(rate_limiter)}")
         if sample_timeout is not None:
             sample_timeout = check_real(sample_timeout, "sample_timeout", low=0.0)
+        if not isinstance(single_shard_batches, bool):
+            raise TypeError(f"single_shard_batches: a bool, got {short(single_shard_batches)}")
         if not ray.is_initialized():
             raise RuntimeError("ShardedReplay: call ray.init(...) first (a local cluster or address=...)")
         self.num_shards = num_shards
@@ -467,6 +476,7 @@ class ShardedReplay:
         #: Samples per insert held within a band (None: no limit); see :meth:`can_insert`.
         self.rate_limiter = rate_limiter
         self.sample_timeout = sample_timeout
+        self.single_shard_batches = single_shard_batches
         self.refresh()
 
     def _configure(self, capacity: int, sampler: Sampler, seed: int | None) -> list[int]:
@@ -548,6 +558,12 @@ class ShardedReplay:
         # the largest one's power of two (exact), so the sum is at most K and q_k = M_k / M keeps full precision
         totals = np.ldexp(totals, -np.frexp(totals.max())[1])
         grand = totals.sum()
+        if self.single_shard_batches:  # one shard for the whole batch, with probability M_k / M
+            k = int(np.searchsorted(np.cumsum(totals), self._rng.random() * grand, side="right"))
+            k = min(k, int(np.flatnonzero(totals > 0)[-1]))
+            counts = np.zeros(self.num_shards, np.int64)
+            counts[k] = batch_size
+            return counts, totals / grand
         if self.stratified:  # one point in each of B equal ranges of the global mass (000 App. B.2.1)
             points = (np.arange(batch_size) + self._rng.random(batch_size)) * (grand / batch_size)
         else:
@@ -566,8 +582,10 @@ class ShardedReplay:
         if self.rate_limiter is not None:
             self._wait_to_sample(batch_size)
         counts, q = self._counts(batch_size)
-        refs = [self.shards[k].sample.remote(int(counts[k])) for k in range(self.num_shards)]
-        return PendingBatch(self, refs, counts, q, beta)
+        # every shard draws its share (0 included: its reply refreshes its totals), or only the one chosen
+        keys = np.flatnonzero(counts).tolist() if self.single_shard_batches else list(range(self.num_shards))
+        refs = [self.shards[k].sample.remote(int(counts[k])) for k in keys]
+        return PendingBatch(self, refs, counts, q, beta, keys)
 
     def _inserted(self) -> int:
         """Transitions the writers have inserted in all, as of the latest replies (each shard's next id)."""
@@ -603,9 +621,10 @@ class ShardedReplay:
         self.refresh()
         return self.sample_async(batch_size, beta).result()
 
-    def _assemble(self, replies: Sequence[tuple], counts: np.ndarray, q: np.ndarray, beta: float) -> Batch:
+    def _assemble(self, replies: Sequence[tuple], counts: np.ndarray, q: np.ndarray, beta: float,
+                  keys: Sequence[int]) -> Batch:
         datas, ids, probs, p_min = [], [], [], np.inf
-        for k, (data, gids, local_p, stats) in enumerate(replies):
+        for k, (data, gids, local_p, stats) in zip(keys, replies, strict=True):
             self._note(stats)
             if q[k] > 0.0 and stats["total"] > 0.0:
                 p_min = min(p_min, q[k] * stats["min"] / stats["total"])
@@ -613,6 +632,11 @@ class ShardedReplay:
                 datas.append(data)
                 ids.append(gids)
                 probs.append(q[k] * local_p)
+        if len(keys) < self.num_shards:  # shards not called: their smallest P from their latest replies
+            for k in set(range(self.num_shards)) - set(keys):
+                st = self._stats[k]
+                if q[k] > 0.0 and st is not None and st["total"] > 0.0:
+                    p_min = min(p_min, q[k] * st["min"] / st["total"])
         if not datas:  # every shard chosen was emptied by a restart without a checkpoint
             raise ValueError("sample: the shards chosen had nothing stored (restarted without a checkpoint?)")
         data = {name: _concat([d[name] for d in datas]) for name in datas[0]}
@@ -623,7 +647,7 @@ class ShardedReplay:
             weights = np.exp(-beta * (np.log(p) - np.log(ref)))
         else:
             weights = np.ones(len(p))
-        return Batch(data, np.concatenate(ids), weights, p)
+        return Batch(data, ids[0] if len(ids) == 1 else np.concatenate(ids), weights, p)
 
     # -- priorities ----------------------------------------------------------------------------------
     def update_priorities(self, indices, td_errors, *, raw: bool = False, wait: bool = False) -> int | None:
@@ -738,8 +762,11 @@ class ShardedReplay:
 class PendingBatch:
     """A batch being drawn by the shards; :meth:`result` waits for it."""
 
-    def __init__(self, replay: ShardedReplay, refs: list, counts: np.ndarray, q: np.ndarray, beta: float) -> None:
+    def __init__(self, replay: ShardedReplay, refs: list, counts: np.ndarray, q: np.ndarray, beta: float,
+                 keys: Sequence[int] | None = None) -> None:
         self.replay, self.refs, self.counts, self.q, self.beta = replay, refs, counts, q, beta
+        #: The shards called, in the order of ``refs``.
+        self.keys = list(range(replay.num_shards)) if keys is None else list(keys)
 
     def ready(self) -> bool:
         ready, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
@@ -755,10 +782,10 @@ class PendingBatch:
                 replay.refresh()
                 pending = replay.sample_async(int(self.counts.sum()), self.beta)
             replies = _get_retrying(lambda k, p=pending: replay.shards[k].sample.remote(int(p.counts[k])),
-                                    range(replay.num_shards), first=pending.refs)
-            short = [k for k, (r, c) in enumerate(zip(replies, pending.counts, strict=True)) if len(r[1]) < c]
+                                    pending.keys, first=pending.refs)
+            short = [k for k, r in zip(pending.keys, replies, strict=True) if len(r[1]) < pending.counts[k]]
             if not short:
-                return replay._assemble(replies, pending.counts, pending.q, pending.beta)
+                return replay._assemble(replies, pending.counts, pending.q, pending.beta, pending.keys)
             for r in replies:
                 replay._note(r[3])
         raise RuntimeError(f"sample: {_DRAWS} draws in a row found shards chosen by the split without the mass "
@@ -794,7 +821,9 @@ def _get_retrying(submit, keys, first: list | None = None, attempts: int = 50) -
 
 
 def _concat(parts: list) -> np.ndarray | dict:
-    """The shards' arrays of one field, concatenated (a dict field: key by key)."""
+    """The shards' arrays of one field, concatenated (a dict field: key by key); one shard's as it is."""
+    if len(parts) == 1:  # a batch from one shard: its arrays are fresh, no copy needed
+        return parts[0]
     if isinstance(parts[0], dict):
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     return np.concatenate(parts)
