@@ -80,13 +80,15 @@ class Writer:
         return sent, latencies
 
 
-def cell(shards: int, actors: int, capacity: int, push: int, seconds: float, prefetch: int) -> dict:
+def cell(shards: int, actors: int, capacity: int, push: int, seconds: float, prefetch: int,
+         single: bool = False) -> dict:
     import ray
 
     import perx
     from perx.distributed import ShardedReplay
 
-    replay = ShardedReplay(shards, capacity, perx.Proportional(alpha=0.6, normalize="buffer"), seed=0)
+    replay = ShardedReplay(shards, capacity, perx.Proportional(alpha=0.6, normalize="buffer"), seed=0,
+                           single_shard_batches=single)
     rng = np.random.default_rng(1)
     # half full before timing, as in the in-process reference
     for k in range(shards):
@@ -140,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefetch", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--num-cpus", type=int, default=os.cpu_count())
+    parser.add_argument("--modes", nargs="+", default=["all"], choices=["all", "single"],
+                        help="all: every shard draws its share of each batch; single: one shard per batch "
+                             "(single_shard_batches=True)")
     parser.add_argument("--out", default=None, help="markdown file for the table (default: print only)")
     args = parser.parse_args(argv)
 
@@ -160,21 +165,22 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.repeats} runs. In-process reference (one perx.ReplayBuffer, Proportional, one process): "
         f"{ref_ingest:,.0f} transitions/s added, {ref_batches:,.0f} sample+update batches/s.",
         "",
-        "| shards | writer actors | ingested / s | x in-process | learner batches / s | x in-process | "
+        "| shards | batch from | writer actors | ingested / s | x in-process | learner batches / s | x in-process | "
         "push ms p50/p90/p99 | sample ms p50/p90/p99 | no-op ms p50/p90/p99 |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for k in args.shards:
-        for a in args.actors:
-            rs = [cell(k, a, args.capacity, args.push, args.seconds, args.prefetch) for _ in range(args.repeats)]
-            ingest = statistics.median(r["ingest"] for r in rs)
-            batches = statistics.median(r["batches"] for r in rs)
-            pct = {key: np.median([r[key] for r in rs], axis=0) for key in ("push", "sample", "noop")}
-            row = (f"| {k} | {a} | {ingest:,.0f} | {ingest / ref_ingest:.3f} | {batches:,.0f} | "
-                   f"{batches / ref_batches:.3f} | " + " | ".join("/".join(f"{x:.2f}" for x in pct[key])
-                                                               for key in ("push", "sample", "noop")) + " |")
-            lines.append(row)
-            print(row, flush=True)
+    for k, a, mode in [(k, a, m) for k in args.shards for a in args.actors for m in args.modes]:
+        rs = [cell(k, a, args.capacity, args.push, args.seconds, args.prefetch, single=mode == "single")
+              for _ in range(args.repeats)]
+        ingest = statistics.median(r["ingest"] for r in rs)
+        batches = statistics.median(r["batches"] for r in rs)
+        pct = {key: np.median([r[key] for r in rs], axis=0) for key in ("push", "sample", "noop")}
+        source = "one shard" if mode == "single" else "every shard"
+        row = (f"| {k} | {source} | {a} | {ingest:,.0f} | {ingest / ref_ingest:.3f} | {batches:,.0f} | "
+               f"{batches / ref_batches:.3f} | " + " | ".join("/".join(f"{x:.2f}" for x in pct[key])
+                                                           for key in ("push", "sample", "noop")) + " |")
+        lines.append(row)
+        print(row, flush=True)
     ray.shutdown()
     text = "\n".join(lines) + "\n"
     print(text)
