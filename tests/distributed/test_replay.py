@@ -538,3 +538,19 @@ def test_single_shard_batches_make_one_sample_call_and_one_update_call(single):
     replay.update_priorities(batch.indices, np.ones(16))
     assert len(replay._updates) - before <= 1  # one call (0 if it was already collected)
     assert replay.update_priorities(batch.indices, np.ones(16), wait=True) == 16
+
+
+def test_single_shard_batches_come_to_a_shard_that_filled_up_behind_the_learners_back(single):
+    replay = single
+    replay.reset(300, perx.Proportional(alpha=0.6), seed=11)
+    fill(replay, [10, 0, 0], np.random.default_rng(12))
+    replay.refresh()
+    for _ in range(3):
+        replay.sample(8)  # shards 1 and 2 hold nothing yet: only shard 0 can be chosen
+    rows = {"obs": np.full((40, 1), 99.0), "action": np.zeros(40, np.int64)}
+    ray = pytest.importorskip("ray")
+    ray.get(replay.shards[2].add.remote(rows, None, np.full(40, 5.0)))  # a writer's push, not through replay
+    seen = set()
+    for _ in range(12 * replay.num_shards):
+        seen.add(int(replay.sample(8)["obs"][0, 0] == 99.0))
+    assert 1 in seen  # the background refresh brought shard 2's mass in

@@ -124,7 +124,8 @@ class ApexConfig:
     max_episode_steps: int | None = None
     """Time limit of the actors' environments (None: the environment's own)."""
     checkpoint_every: int = 0
-    """A shard saves itself after this many added transitions (0: never; then a restarted shard is empty)."""
+    """A shard saves itself after this many added transitions (0: only at the learner's checkpoints, if any;
+    with neither, a restarted shard is empty)."""
     learner_checkpoint_every: int = 2_000
     """Learner updates between checkpoints of the whole run (with an output folder): every shard saves its
     buffer, then the learner its networks, optimiser, counters and metrics (``learner.pt``); ``train(...,
@@ -610,8 +611,10 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
             stats = replay.refresh()[0]
             if stats["checkpoints"] < 1:
                 if "shard waiting" not in drills and log:
-                    log(f"apex drill: step {env_steps:,} reached; waiting for shard 0's first checkpoint "
-                        f"(every {cfg.checkpoint_every:,} of its transitions) before killing it")
+                    every = (f"every {cfg.checkpoint_every:,} of its transitions" if cfg.checkpoint_every else
+                             f"at the learner's checkpoints, every {cfg.learner_checkpoint_every:,} updates")
+                    log(f"apex drill: step {env_steps:,} reached; waiting for shard 0's first checkpoint ({every}) "
+                        f"before killing it")
                 drills["shard waiting"] = True
                 return
         ray.kill(replay.shards[0], no_restart=False)
@@ -628,7 +631,7 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
             behind = cfg.replay_ratio > 0 and sampled >= cfg.replay_ratio * env_steps
             if limiter is not None:  # the replay's rate limiter decides (by the latest shard replies)
                 limiter.inserted_to(sum(st["next_id"] for st in replay.stats))
-                want_learn = limiter.can_sample(cfg.batch_size)
+                want_learn = bool(in_flight) or limiter.can_sample(cfg.batch_size)  # in flight: charged
             else:
                 want_learn = learning and not behind
             # harvest the actors (block for one when there is nothing to learn from yet)
@@ -660,6 +663,8 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
                                            f"since it died (actor_restart_timeout={cfg.actor_restart_timeout:g} s): "
                                            f"{err}") from err
                     retry_at[i] = now + RETRY_SECONDS  # Ray is restarting it: try again shortly
+                    # calls on one actor run in order: the retried collect will run with the current weights
+                    actors[i].set_weights.remote(ray.put(_weights(q)))
                     idle.append(i)
                     continue
                 if outage[i] is not None:  # back after an outage: it gets the latest weights
@@ -702,7 +707,8 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
                     learn_started, updates_before = time.time(), updates
                 beta = beta_fixed if beta_fixed is not None else cfg.beta0 + (1 - cfg.beta0) * min(
                     1.0, env_steps / cfg.total_steps)
-                while len(in_flight) < cfg.prefetch:
+                # fill the pipeline without blocking: with the rate limiter, only batches the band allows now
+                while len(in_flight) < cfg.prefetch and (limiter is None or limiter.can_sample(cfg.batch_size)):
                     in_flight.append(replay.sample_async(cfg.batch_size, beta))
                 batch = in_flight.popleft().result()
                 q_sa, y = td_errors(q, target, batch.data, cfg.env_id, cfg.device)

@@ -421,6 +421,8 @@ class ShardedReplay:
     rate_limiter: RateLimiter | None = None
     sample_timeout: float | None = None
     single_shard_batches = False
+    _stat_refs: list = []  # noqa: RUF012 - replaced per instance before any use
+    _batches_since_stats = 0
 
     def __init__(self, num_shards: int, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, resume: bool = False,
@@ -477,6 +479,8 @@ class ShardedReplay:
         self.rate_limiter = rate_limiter
         self.sample_timeout = sample_timeout
         self.single_shard_batches = single_shard_batches
+        self._stat_refs = []
+        self._batches_since_stats = 0
         self.refresh()
 
     def _configure(self, capacity: int, sampler: Sampler, seed: int | None) -> list[int]:
@@ -581,11 +585,33 @@ class ShardedReplay:
         beta = check_real(beta, "beta", low=0.0, high=1.0)
         if self.rate_limiter is not None:
             self._wait_to_sample(batch_size)
+        return self._draw(batch_size, beta)
+
+    def _draw(self, batch_size: int, beta: float) -> PendingBatch:
+        """Send the sample calls of one batch (the rate limiter already charged, if any)."""
+        if self.single_shard_batches:
+            self._refresh_in_background()
         counts, q = self._counts(batch_size)
         # every shard draws its share (0 included: its reply refreshes its totals), or only the one chosen
         keys = np.flatnonzero(counts).tolist() if self.single_shard_batches else list(range(self.num_shards))
         refs = [self.shards[k].sample.remote(int(counts[k])) for k in keys]
         return PendingBatch(self, refs, counts, q, beta, keys)
+
+    def _refresh_in_background(self) -> None:
+        """Single-shard batches call one shard, so the others' totals would go stale (and a shard seen empty
+        would never be chosen): every ``num_shards`` batches, ask every shard for its stats without waiting,
+        and note the replies that have come by the next batch."""
+        if self._stat_refs:
+            ready, self._stat_refs = ray.wait(self._stat_refs, num_returns=len(self._stat_refs), timeout=0)
+            for ref in ready:
+                try:
+                    self._note(ray.get(ref))
+                except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                    pass  # a restarting shard: its next reply will say so
+        self._batches_since_stats += 1
+        if not self._stat_refs and self._batches_since_stats >= self.num_shards:
+            self._stat_refs = [sh.stats.remote() for sh in self.shards]
+            self._batches_since_stats = 0
 
     def _inserted(self) -> int:
         """Transitions the writers have inserted in all, as of the latest replies (each shard's next id)."""
@@ -780,7 +806,7 @@ class PendingBatch:
                 # its draws cannot be made, and dropping them would bias the rest, so the batch is drawn
                 # again from fresh totals
                 replay.refresh()
-                pending = replay.sample_async(int(self.counts.sum()), self.beta)
+                pending = replay._draw(int(self.counts.sum()), self.beta)  # charged once, by the first draw
             replies = _get_retrying(lambda k, p=pending: replay.shards[k].sample.remote(int(p.counts[k])),
                                     pending.keys, first=pending.refs)
             short = [k for k, r in zip(pending.keys, replies, strict=True) if len(r[1]) < pending.counts[k]]
