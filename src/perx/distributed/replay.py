@@ -673,7 +673,7 @@ class ShardedReplay:
             weights = np.exp(-beta * (np.log(p) - np.log(ref)))
         else:
             weights = np.ones(len(p))
-        return Batch(data, ids[0] if len(ids) == 1 else np.concatenate(ids), weights, p)
+        return Batch(data, np.concatenate(ids), weights, p)
 
     # -- priorities ----------------------------------------------------------------------------------
     def update_priorities(self, indices, td_errors, *, raw: bool = False, wait: bool = False) -> int | None:
@@ -847,9 +847,8 @@ def _get_retrying(submit, keys, first: list | None = None, attempts: int = 50) -
 
 
 def _concat(parts: list) -> np.ndarray | dict:
-    """The shards' arrays of one field, concatenated (a dict field: key by key); one shard's as it is."""
-    if len(parts) == 1:  # a batch from one shard: its arrays are fresh, no copy needed
-        return parts[0]
+    """The shards' arrays of one field, concatenated (a dict field: key by key). Always a new, writable array,
+    even from one shard: Ray hands large arrays over read-only, straight from its object store."""
     if isinstance(parts[0], dict):
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     return np.concatenate(parts)
