@@ -630,8 +630,7 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
             learning = len(replay) >= cfg.learning_starts
             behind = cfg.replay_ratio > 0 and sampled >= cfg.replay_ratio * env_steps
             if limiter is not None:  # the replay's rate limiter decides (by the latest shard replies)
-                limiter.inserted_to(sum(st["next_id"] for st in replay.stats))
-                want_learn = bool(in_flight) or limiter.can_sample(cfg.batch_size)  # in flight: charged
+                want_learn = bool(in_flight) or replay.can_sample(cfg.batch_size)  # in flight: charged
             else:
                 want_learn = learning and not behind
             # harvest the actors (block for one when there is nothing to learn from yet)
@@ -708,7 +707,7 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
                 beta = beta_fixed if beta_fixed is not None else cfg.beta0 + (1 - cfg.beta0) * min(
                     1.0, env_steps / cfg.total_steps)
                 # fill the pipeline without blocking: with the rate limiter, only batches the band allows now
-                while len(in_flight) < cfg.prefetch and (limiter is None or limiter.can_sample(cfg.batch_size)):
+                while len(in_flight) < cfg.prefetch and replay.can_sample(cfg.batch_size):
                     in_flight.append(replay.sample_async(cfg.batch_size, beta))
                 batch = in_flight.popleft().result()
                 q_sa, y = td_errors(q, target, batch.data, cfg.env_id, cfg.device)

@@ -630,6 +630,14 @@ class ShardedReplay:
             limiter.inserted_to(self._inserted())
         limiter.sampled_more(batch_size)
 
+    def can_sample(self, n: int) -> bool:
+        """Whether the rate limiter lets a sample of ``n`` go now (always True without one), by the latest
+        replies; :meth:`sample_async` waits for this."""
+        if self.rate_limiter is None:
+            return True
+        self.rate_limiter.inserted_to(self._inserted())
+        return self.rate_limiter.can_sample(check_positive_int(n, "n"))
+
     def can_insert(self, n: int, pending: int = 0) -> bool:
         """Whether the rate limiter lets writers insert ``n`` more transitions now, ``pending`` being already on
         their way (always True without one), by the latest replies (call :meth:`refresh` for fresh counts). A
