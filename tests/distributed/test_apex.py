@@ -337,3 +337,49 @@ def test_a_rate_limit_too_narrow_or_without_a_ratio_is_refused():
     with pytest.raises(ValueError, match=r"rate_limit: at least \(batch_size \+ replay_ratio x collect_steps\) / 2 "
                                          r"= 4128, got 100.0"):
         ApexConfig(rate_limit=100.0)
+
+
+def test_actor_pushes_to_the_shards_on_its_own_node_and_round_robin_otherwise():
+    from perx.distributed.apex import _weights
+
+    pushed = []
+
+    def shard(k):
+        return SimpleNamespace(add=SimpleNamespace(remote=lambda data, td: pushed.append(k) or None))
+
+    def pushes(nodes, local_push=True, index=1):
+        pushed.clear()
+        cfg = ApexConfig(num_actors=3, num_shards=len(nodes), push_size=4, local_push=local_push)
+        actor = ApexActor(cfg, index, [shard(k) for k in range(len(nodes))])
+        actor.node = "a"
+        actor.set_weights(_weights(actor.net), nodes)
+        actor.collect(40)
+        assert len(pushed) >= 8
+        return pushed[:8]
+
+    assert pushes(["a", "b", "a", "b"]) == [2, 0, 2, 0, 2, 0, 2, 0]  # its node's shards 0 and 2, in turn
+    everywhere = [push_shard(1, j, 3, 4) for j in range(8)]
+    assert pushes(["a", "b", "a", "b"], local_push=False) == everywhere
+    assert pushes(["b", "b", "b", "b"]) == everywhere  # no shard on its node
+    assert pushes(["a", "a", "a", "a"]) == everywhere  # one node: the balanced cluster-wide rule
+
+
+@pytest.mark.parametrize(("field", "value"), [("shard_memory", -1), ("shard_memory", 1.5), ("spread", 1),
+                                              ("local_push", None), ("shard_checkpoints", ""),
+                                              ("shard_checkpoints", 3)])
+def test_config_refuses_bad_placement_settings(field, value):
+    with pytest.raises(ValueError, match=rf"{field}: .*got {value!r}"):
+        ApexConfig(**{field: value})
+
+
+def test_cli_refuses_zero_shards_by_name_and_resume_keeps_the_runs_checkpoint_interval(tmp_path):
+    from perx.experiments.apex import build_parser, checkpoint_every, main
+
+    with pytest.raises(ValueError, match="num_shards: an int >= 1, got 0"):
+        main(["--shards", "0", "--kill-shard-at", "100", "--out", str(tmp_path)])
+    drill = build_parser().parse_args(["--kill-shard-at", "8000", "--shards", "2"])
+    assert checkpoint_every(drill, tmp_path) == 2000
+    (tmp_path / "config.json").write_text(json.dumps({"config": {"checkpoint_every": 2000}}))
+    resumed = build_parser().parse_args(["--resume"])  # without repeating --kill-shard-at
+    assert checkpoint_every(resumed, tmp_path) == 2000
+    assert checkpoint_every(build_parser().parse_args([]), tmp_path) == 10_000

@@ -554,3 +554,21 @@ def test_single_shard_batches_come_to_a_shard_that_filled_up_behind_the_learners
     for _ in range(12 * replay.num_shards):
         seen.add(int(replay.sample(8)["obs"][0, 0] == 99.0))
     assert 1 in seen  # the background refresh brought shard 2's mass in
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"scheduling_strategy": "PACK"}, ValueError, "scheduling_strategy: 'SPREAD', 'DEFAULT'"),
+    ({"scheduling_strategy": None}, TypeError, "scheduling_strategy: 'SPREAD', 'DEFAULT'"),
+    ({"memory": -1}, ValueError, "memory: bytes per shard, an int >= 0, got -1"),
+    ({"memory": 1.5}, ValueError, "memory: bytes per shard"),
+    ({"resources": {"CPU": 1}}, ValueError, "resources: custom resources only"),
+    ({"resources": {"node_a": 0}}, ValueError, "resources: a dict of resource name -> amount > 0"),
+])
+def test_placement_options_are_checked_before_any_actor_starts(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        ShardedReplay(2, 10, **kwargs)
+
+
+def test_shards_report_their_node(shards):
+    node = ray.get_runtime_context().get_node_id()
+    assert shards.refresh() and shards.shard_nodes == [node] * 3

@@ -42,7 +42,7 @@ from perx.agents.dqn import network_for
 from perx.agents.envs import make_env, network_input
 from perx.agents.runner import METRICS, progress_bar, versions, write_metrics
 from perx.distributed.rate import RateLimiter
-from perx.distributed.replay import MAX_SHARDS, ShardedReplay, _restarted
+from perx.distributed.replay import MAX_SHARDS, ShardedReplay, _node_id, _restarted
 from perx.validation import check_positive_int
 
 #: variant -> (sampler factory, Huber threshold kappa, initial beta); 000 Sec. 3-4 and 004 Sec. 5
@@ -132,6 +132,19 @@ class ApexConfig:
     resume=True)`` (``perx apex --resume``) continues from there. 0: never."""
     actor_cpus: float = 0.5
     shard_cpus: float = 0.0
+    shard_checkpoints: str | None = None
+    """Where shards checkpoint: a local folder, or an fsspec URL every node can reach (``s3://bucket/run``;
+    needed on a cluster without a shared file system, where a shard restarted on another node would not find a
+    local file). None: ``<out>/shards``."""
+    spread: bool = True
+    """Place the shards, and the actors, with Ray's SPREAD strategy (over the nodes); False: Ray's default
+    (which packs a node before using the next). The same on one node."""
+    shard_memory: int | None = None
+    """Bytes of Ray's ``memory`` resource each shard reserves; None: estimated from one transition's size x
+    the shard's capacity (plus its priority trees); 0: none."""
+    local_push: bool = True
+    """Actors push to the shards on their own node when there are any (round-robin among those), else to all
+    shards round-robin; sampling stays exact over the union either way (see docs/distributed.md)."""
     hidden: int = 128
     device: str = "cpu"
     extra: dict = field(default_factory=dict)
@@ -160,6 +173,14 @@ class ApexConfig:
             v = getattr(self, name)
             if v is not None and (type(v) is not int or v < 1):
                 raise ValueError(f"{name}: None or an int >= 1, got {v!r}")
+        if self.shard_memory is not None and (type(self.shard_memory) is not int or self.shard_memory < 0):
+            raise ValueError(f"shard_memory: None or an int >= 0 (bytes), got {self.shard_memory!r}")
+        if self.shard_checkpoints is not None and (not isinstance(self.shard_checkpoints, str)
+                                                   or not self.shard_checkpoints):
+            raise ValueError(f"shard_checkpoints: None, a folder or a URL, got {self.shard_checkpoints!r}")
+        for name in ("spread", "local_push"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}: a bool, got {getattr(self, name)!r}")
         for names, ok, what in ((("beta0", "gamma", "eps_base", "eval_epsilon"), lambda v: 0 <= v <= 1, "in [0, 1]"),
                                 (("kappa", "learning_rate", "actor_restart_timeout"), lambda v: v > 0, "> 0"),
                                 (("alpha", "replay_ratio", "eps_alpha", "actor_cpus", "shard_cpus", "eval_cpus",
@@ -339,9 +360,18 @@ class ApexActor:
         self.episode_return = 0.0
         self.pushed = 0
         self.pushes = 0
+        #: this actor's Ray node, and the shards on it (None: push to every shard, :func:`push_shard`)
+        self.node = _node_id()
+        self.local: list[int] | None = None
 
-    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+    def set_weights(self, weights: dict[str, np.ndarray], shard_nodes: list[str | None] | None = None) -> None:
+        """Load the learner's parameters; ``shard_nodes`` (each shard's Ray node, as the learner last saw it)
+        tells which shards are on this actor's node."""
         self.net.load_state_dict({k: torch.as_tensor(v) for k, v in weights.items()})
+        if shard_nodes is not None:
+            local = [k for k, node in enumerate(shard_nodes) if node is not None and node == self.node]
+            # all local (one node) or none: the cluster-wide round-robin, which balances the shards
+            self.local = local if self.cfg.local_push and 0 < len(local) < len(shard_nodes) else None
 
     def _act(self) -> int:
         if self.rng.random() < self.epsilon:
@@ -366,7 +396,7 @@ class ApexActor:
             if self.nstep.ready >= self.cfg.push_size:
                 self._push()
         restarted, self.restarted = self.restarted, False
-        return {"actor": self.index, "steps": steps, "returns": returns, "pushed": self.pushed,
+        return {"actor": self.index, "steps": steps, "returns": returns, "pushed": self.pushed, "node": self.node,
                 "restarted": restarted}
 
     def _push(self) -> None:
@@ -381,7 +411,10 @@ class ApexActor:
             td = (q_sa - y).detach().numpy().astype(np.float64)
         if self.pending is not None:
             ray.get(self.pending)  # back-pressure: one push in flight per actor
-        shard = self.shards[push_shard(self.index, self.pushes, self.cfg.num_actors, len(self.shards))]
+        if self.local is not None:  # node-local: this actor cycles through the shards on its node
+            shard = self.shards[self.local[(self.index + self.pushes) % len(self.local)]]
+        else:
+            shard = self.shards[push_shard(self.index, self.pushes, self.cfg.num_actors, len(self.shards))]
         self.pending = shard.add.remote(data, td)
         self.pushes += 1
         self.pushed += len(rows)
@@ -497,14 +530,20 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
         if not resume and (out / "learner.pt").exists():
             (out / "learner.pt").unlink()  # a fresh run: an old checkpoint must not be resumed later by mistake
     checkpoint_dir = None
-    if (cfg.checkpoint_every or cfg.learner_checkpoint_every) and out is not None:
-        checkpoint_dir = out / "shards"
+    if cfg.checkpoint_every or cfg.learner_checkpoint_every:
+        checkpoint_dir = cfg.shard_checkpoints if cfg.shard_checkpoints is not None else (
+            None if out is None else out / "shards")
+    strategy = "SPREAD" if cfg.spread else "DEFAULT"
+    shard_capacity = -(-cfg.capacity // cfg.num_shards)
+    # obs and next_obs, action, return, discount, and the sum and min trees (2 x 8 bytes per slot each)
+    memory = cfg.shard_memory if cfg.shard_memory is not None else shard_capacity * (2 * obs0.nbytes + 16 + 32)
     limiter = RateLimiter(cfg.replay_ratio, cfg.learning_starts, cfg.rate_limit) if cfg.rate_limit > 0 else None
     replay = ShardedReplay(cfg.num_shards, cfg.capacity, make_sampler(cfg), seed=cfg.seed,
                            checkpoint_dir=checkpoint_dir, checkpoint_every=cfg.checkpoint_every,
                            num_cpus=cfg.shard_cpus, resume=resume, rate_limiter=limiter,
-                           sample_timeout=cfg.actor_restart_timeout, single_shard_batches=cfg.single_shard_batches)
-    Actor = ray.remote(ApexActor).options(max_restarts=-1, num_cpus=cfg.actor_cpus)
+                           sample_timeout=cfg.actor_restart_timeout, single_shard_batches=cfg.single_shard_batches,
+                           scheduling_strategy=strategy, memory=memory)
+    Actor = ray.remote(ApexActor).options(max_restarts=-1, num_cpus=cfg.actor_cpus, scheduling_strategy=strategy)
     # weights go by a call, not as constructor arguments: a restarted actor must not depend on an object
     # that may have left the store (ray-project/ray#53727); it gets the latest weights when it rejoins
     actors = [Actor.remote(cfg, i, replay.shards) for i in range(cfg.num_actors)]
@@ -514,6 +553,7 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
     outage: list[dict[str, Any] | None] = [None] * cfg.num_actors  # actor i's current outage, if it is down
     retry_at = [0.0] * cfg.num_actors
     restarts: list[dict[str, Any]] = []  # one record per actor death seen
+    actor_nodes: list[str | None] = [None] * cfg.num_actors  # each actor's Ray node, from its latest collect
     drills: dict[str, Any] = {}
     in_flight: deque = deque()
     evaluations: deque = deque()  # (reference, row waiting for its return), oldest first
@@ -549,7 +589,7 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
             limiter.sampled = sampled
     weights = ray.put(_weights(q))
     for a in actors:
-        a.set_weights.remote(weights)
+        a.set_weights.remote(weights, replay.shard_nodes)
     running = {actors[i].collect.remote(cfg.collect_steps): i for i in range(cfg.num_actors)}
     bar = progress_bar(progress, cfg.total_steps, env_steps, f"apex {cfg.env_id} {cfg.variant}")
 
@@ -596,7 +636,7 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
                 log(f"apex {cfg.env_id} {cfg.variant} step {row['step']:,}: eval {row['eval_return']:.1f} "
                     f"(updates {row['updates']:,})")
             if out is not None:
-                _write(out, cfg, rows, replay, restarts, drills, resumes)
+                _write(out, cfg, rows, replay, restarts, drills, resumes, actor_nodes)
 
     def shard_drill() -> None:
         """Kill shard 0 once the drill's step has come, after its first checkpoint when it makes any."""
@@ -663,19 +703,20 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
                                            f"{err}") from err
                     retry_at[i] = now + RETRY_SECONDS  # Ray is restarting it: try again shortly
                     # calls on one actor run in order: the retried collect will run with the current weights
-                    actors[i].set_weights.remote(ray.put(_weights(q)))
+                    actors[i].set_weights.remote(ray.put(_weights(q)), replay.shard_nodes)
                     idle.append(i)
                     continue
                 if outage[i] is not None:  # back after an outage: it gets the latest weights
                     down = outage[i]
                     down["down_seconds"] = now - down.pop("since")
                     outage[i] = None
-                    actors[i].set_weights.remote(ray.put(_weights(q)))
+                    actors[i].set_weights.remote(ray.put(_weights(q)), replay.shard_nodes)
                 elif res["restarted"]:  # it died while idle and was restarted before this collect
                     actor_restarts += 1
                     restarts.append({"actor": i, "step": env_steps, "time": time.time(), "while_idle": True})
-                    actors[i].set_weights.remote(ray.put(_weights(q)))
+                    actors[i].set_weights.remote(ray.put(_weights(q)), replay.shard_nodes)
                 env_steps += res["steps"]
+                actor_nodes[i] = res["node"]
                 episodes += len(res["returns"])
                 recent.extend(res["returns"])
                 if bar is not None:
@@ -727,7 +768,7 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
                 if updates % cfg.broadcast_every == 0:
                     ref = ray.put(_weights(q))
                     for a in actors:
-                        a.set_weights.remote(ref)  # queued behind the actor's running collect
+                        a.set_weights.remote(ref, replay.shard_nodes)  # queued behind the actor's running collect
                 if out is not None and cfg.learner_checkpoint_every and updates % cfg.learner_checkpoint_every == 0:
                     save_learner()
             if env_steps >= next_eval:
@@ -761,7 +802,8 @@ def _load_learner(cfg: ApexConfig, out: Path | None) -> dict[str, Any]:
         raise ValueError(f"resume: no learner checkpoint (learner.pt) in {out}; a run checkpoints every "
                          f"learner_checkpoint_every updates when it has an output folder")
     saved = torch.load(out / "learner.pt", weights_only=False)
-    now, then = dataclasses.asdict(cfg), saved["config"]
+    # a field added since the checkpoint was made counts as its default
+    now, then = dataclasses.asdict(cfg), {**dataclasses.asdict(ApexConfig()), **saved["config"]}
     differ = sorted(k for k in now.keys() | then.keys() if k != "total_steps" and now.get(k) != then.get(k))
     if differ:
         raise ValueError(f"resume: the checkpoint in {out} was made with other settings: "
@@ -770,7 +812,7 @@ def _load_learner(cfg: ApexConfig, out: Path | None) -> dict[str, Any]:
 
 
 def _write(out: Path, cfg: ApexConfig, rows: list[dict], replay: ShardedReplay, restarts: list[dict],
-           drills: dict, resumes: list[dict]) -> None:
+           drills: dict, resumes: list[dict], actor_nodes: list[str | None]) -> None:
     write_metrics(out, rows, (*METRICS, *EXTRA_METRICS))
     v = versions()
     v["ray"] = ray.__version__
@@ -779,6 +821,8 @@ def _write(out: Path, cfg: ApexConfig, rows: list[dict], replay: ShardedReplay, 
                            "ray_resources": {k: float(x) for k, x in ray.cluster_resources().items()
                                              if k in ("CPU", "GPU", "memory")},
                            "ray_nodes": len(ray.nodes())},
+               # Ray node ids as last seen (a restarted shard or actor may have moved)
+               "placement": {"shards": replay.shard_nodes, "actors": actor_nodes},
                "shard_restarts": replay.restarts, "actor_restarts": restarts,
                "drills": {k: v for k, v in drills.items() if k != "shard waiting"}, "resumes": resumes}
     (out / "config.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")

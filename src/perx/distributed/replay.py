@@ -53,6 +53,7 @@ import ray
 
 from perx import Batch, Proportional, ReplayBuffer, Sampler, Uniform
 from perx.distributed.rate import RateLimiter
+from perx.distributed.store import CheckpointStore
 from perx.samplers.base import check_sampler
 from perx.validation import (
     as_index_array,
@@ -131,19 +132,38 @@ def _check_shard_sampler(sampler: object) -> Sampler:
     return sampler
 
 
+def _check_placement(strategy: object, memory: object, resources: object) -> dict[str, Any]:
+    """Ray actor options placing the shards (ValueError/TypeError naming the argument)."""
+    if isinstance(strategy, str):
+        if strategy not in ("SPREAD", "DEFAULT"):
+            raise ValueError(f"scheduling_strategy: 'SPREAD', 'DEFAULT' or a Ray scheduling strategy object, "
+                             f"got {strategy!r}")
+    elif strategy is None or type(strategy).__module__.split(".")[0] != "ray":
+        raise TypeError(f"scheduling_strategy: 'SPREAD', 'DEFAULT' or a Ray scheduling strategy object, "
+                        f"got {short(strategy)}")
+    if isinstance(memory, bool) or not isinstance(memory, numbers.Integral) or memory < 0:
+        raise ValueError(f"memory: bytes per shard, an int >= 0, got {short(memory)}")
+    options: dict[str, Any] = {"scheduling_strategy": strategy}
+    if memory:
+        options["memory"] = int(memory)
+    if resources is not None:
+        if not isinstance(resources, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0
+                for k, v in resources.items()):
+            raise ValueError(f"resources: a dict of resource name -> amount > 0, got {short(resources)}")
+        if {"CPU", "GPU", "memory"} & set(resources):
+            raise ValueError(f"resources: custom resources only (num_cpus and memory have their own arguments), "
+                             f"got {short(resources)}")
+        options["resources"] = dict(resources)
+    return options
+
+
 def _check_capacity(capacity: object, num_shards: int) -> int:
     """The core's capacity check, and at least one transition per shard (ValueError naming ``capacity``)."""
     capacity = check_capacity(capacity)
     if capacity < num_shards:
         raise ValueError(f"capacity: at least num_shards ({num_shards}), got {capacity!r}")
     return capacity
-
-
-def _write_json(path: Path, payload: dict) -> None:
-    # write-then-rename, so a crash never leaves half a file behind
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(payload))
-    os.replace(tmp, path)
 
 
 class Shard:
@@ -182,22 +202,18 @@ class Shard:
         self.incarnation_drawn = False
         #: [incarnation, next local id of the checkpoint it restored] for every restore, oldest first
         self.restores: list[list[int]] = []
-        self._path = None
-        if checkpoint_dir is not None:
-            Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-            self._path = Path(checkpoint_dir) / f"shard-{self.index}.perx"
-        meta_dir = checkpoint_dir if checkpoint_dir is not None else meta_dir
-        self._meta_path = None
-        if meta_dir is not None:
-            Path(meta_dir).mkdir(parents=True, exist_ok=True)
-            self._meta_path = Path(meta_dir) / f"shard-{self.index}.json"
+        #: where the checkpoint and the incarnation record live (a local folder or an fsspec URL)
+        self._store = None if checkpoint_dir is None else CheckpointStore(checkpoint_dir)
+        self._meta = self._store if self._store is not None else (
+            None if meta_dir is None else CheckpointStore(meta_dir))
+        self._file, self._meta_file = f"shard-{self.index}.perx", f"shard-{self.index}.json"
         meta = None
-        if self._meta_path is not None and self._meta_path.exists():
-            meta = json.loads(self._meta_path.read_text())
+        if self._meta is not None and self._meta.exists(self._meta_file):
+            meta = self._meta.read_json(self._meta_file)
             if job and meta.get("job") == job:
                 pass  # restarted by Ray: the configuration of the last reset() wins over the arguments (below)
             elif resume:
-                _check_resumable(meta, self.index, str(self._meta_path.parent), capacity, sampler)
+                _check_resumable(meta, self.index, self._meta.location, capacity, sampler)
             else:
                 meta = None  # another job's files: start fresh
         buf = None
@@ -208,19 +224,19 @@ class Shard:
                 capacity = int(meta["capacity"])
                 sampler = Sampler.registry[meta["sampler"]](**meta["config"])
                 seed = meta.get("seed")
-            if self._path is not None and self._path.exists():
-                buf = ReplayBuffer.load(self._path)  # the checkpoint holds its own capacity and sampler
+            if self._store is not None and self._store.exists(self._file):
+                buf = self._store.load_buffer(self._file)  # the checkpoint holds its own capacity and sampler
             self.restores.append([self.incarnation, 0 if buf is None else buf.next_index])
         else:
-            if self._path is not None and self._path.exists() and not resume:
-                self._path.unlink()  # a fresh job: an old checkpoint must not be restored later by mistake
+            if self._store is not None and not resume:
+                self._store.remove(self._file)  # a fresh job: an old checkpoint must not be restored later by mistake
             if _restarted():
                 # restarted where its incarnation file is not (another node, no shared folder): an
                 # incarnation no earlier id can carry, with restore point 0, makes every old id stale
                 self.incarnation = int.from_bytes(os.urandom(2), "little") % _INC_MASK + 1
                 self.incarnation_drawn = True
                 self.restores = [[self.incarnation, 0]]
-        self.restored_from = None if buf is None else str(self._path)
+        self.restored_from = None if buf is None else self._store.name(self._file)
         if buf is None:
             buf = ReplayBuffer(capacity, copy.deepcopy(sampler), seed=seed)
         self.buffer = buf
@@ -232,13 +248,15 @@ class Shard:
         #: Bumped by every change, so the learner can order replies that arrive out of order.
         self.version = 0
         self.started = time.time()
+        #: The Ray node this shard runs on (None outside Ray): actors prefer to push to shards on their node.
+        self.node = _node_id()
         self._write_meta()
 
     def _write_meta(self) -> None:
-        if self._meta_path is None:
+        if self._meta is None:
             return
         meta = {"job": self.job, "incarnation": self.incarnation, "restores": self.restores, **self._config}
-        _write_json(self._meta_path, meta)
+        self._meta.write_json(self._meta_file, meta)
 
     # -- facts ---------------------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -250,7 +268,8 @@ class Shard:
         return {"shard": self.index, "size": len(buf), "next_id": buf.next_index, "total": total, "min": smallest,
                 "incarnation": self.incarnation, "restored_next_id": self.restores[-1][1] if self.restores else None,
                 "checkpoints": self.checkpoints, "version": self.version, "instance": self.instance,
-                "incarnation_drawn": self.incarnation_drawn, "max_accepted_priority": self._max_accepted}
+                "incarnation_drawn": self.incarnation_drawn, "max_accepted_priority": self._max_accepted,
+                "node": self.node}
 
     # -- writing -------------------------------------------------------------------------------------
     def add(self, data: Mapping[str, np.ndarray], td_errors: np.ndarray | None = None,
@@ -289,13 +308,13 @@ class Shard:
         return out
 
     def checkpoint(self) -> str | None:
-        """Save the buffer atomically to ``shard-<k>.perx``; returns the path (None without a folder)."""
-        if self._path is None:
+        """Save the buffer atomically to ``shard-<k>.perx``; returns its path or URL (None without a folder)."""
+        if self._store is None:
             return None
-        self.buffer.save(self._path)
+        self._store.save_buffer(self._file, self.buffer)
         self._since_checkpoint = 0
         self.checkpoints += 1
-        return str(self._path)
+        return self._store.name(self._file)
 
     # -- sampling and priorities -----------------------------------------------------------------------
     def sample(self, n: int) -> tuple[dict[str, np.ndarray] | None, np.ndarray, np.ndarray, dict[str, Any]]:
@@ -346,8 +365,8 @@ class Shard:
         self.restored_from = None
         self._since_checkpoint = 0
         self.version += 1
-        if self._path is not None and self._path.exists():
-            self._path.unlink()
+        if self._store is not None:
+            self._store.remove(self._file)
         self._write_meta()
         return self.stats()
 
@@ -380,6 +399,11 @@ def _max_accepted(buf: ReplayBuffer) -> float:
     return float(buf.sampler.max_accepted_priority) if isinstance(buf.sampler, Proportional) else float("inf")
 
 
+def _node_id() -> str | None:
+    """The id of the Ray node this process runs on (None when Ray is not initialised here; never starts Ray)."""
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
 def _restarted() -> bool:
     """Whether this process is a Ray actor that Ray restarted (False outside an actor; never starts Ray)."""
     if not ray.is_initialized():
@@ -405,6 +429,14 @@ class ShardedReplay:
             waits until the writers have inserted enough (:attr:`sample_timeout` seconds at most, then
             TimeoutError), and writers' drivers ask :meth:`can_insert` before inserting more. None: no limit.
         sample_timeout: seconds a sample may wait for the rate limiter (None: for ever).
+        scheduling_strategy: where Ray places the shard actors: ``"SPREAD"`` (default: over the cluster's
+            nodes, so their memory and their network traffic are spread too; the same as ``"DEFAULT"`` on one
+            node), ``"DEFAULT"``, or any Ray scheduling strategy object (a placement group's, a node affinity).
+            A shard restarted after its node died goes wherever the strategy allows (SPREAD: any live node).
+        memory: bytes of Ray's ``memory`` resource each shard reserves (0: none), so that Ray places no more
+            shards on a node than its memory holds; about the shard's ``buffer.nbytes`` (Ape-X estimates it).
+        resources: custom Ray resources each shard needs (e.g. ``{"replay_node": 1}`` to keep shards on nodes
+            that offer them).
         single_shard_batches: draw each batch from one shard, chosen with probability M_k / M (its share of
             the mass): one sample call and one priority-update call per batch instead of one per shard. Each
             draw's P(i) = (M_k / M)(m_i / M_k) = m_i / M stays exact, but the draws of a batch are no longer
@@ -427,8 +459,11 @@ class ShardedReplay:
     def __init__(self, num_shards: int, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int = 0, resume: bool = False,
                  max_restarts: int = -1, num_cpus: float = 0.0, rate_limiter: RateLimiter | None = None,
-                 sample_timeout: float | None = None, single_shard_batches: bool = False) -> None:
+                 sample_timeout: float | None = None, single_shard_batches: bool = False,
+                 scheduling_strategy: Any = "SPREAD", memory: int = 0,
+                 resources: Mapping[str, float] | None = None) -> None:
         num_shards = check_positive_int(num_shards, "num_shards")
+        placement = _check_placement(scheduling_strategy, memory, resources)
         if num_shards > MAX_SHARDS:  # the shard bits of a global id
             raise ValueError(f"num_shards: at most {MAX_SHARDS}, got {num_shards!r}")
         capacity = _check_capacity(capacity, num_shards)
@@ -446,17 +481,18 @@ class ShardedReplay:
             raise RuntimeError("ShardedReplay: call ray.init(...) first (a local cluster or address=...)")
         self.num_shards = num_shards
         seeds = self._configure(capacity, sampler, seed)
-        folder = None if checkpoint_dir is None else str(Path(checkpoint_dir).resolve())
-        if resume and folder is not None:  # before any actor exists: a mismatch must not start a job
+        store = None if checkpoint_dir is None else CheckpointStore(checkpoint_dir)
+        folder = None if store is None else store.location
+        if resume and store is not None:  # before any actor exists: a mismatch must not start a job
             for k in range(num_shards):
-                meta_path = Path(folder) / f"shard-{k}.json"
-                if meta_path.exists():
-                    _check_resumable(json.loads(meta_path.read_text()), k, folder, self.shard_capacity,
+                if store.exists(f"shard-{k}.json"):
+                    _check_resumable(store.read_json(f"shard-{k}.json"), k, folder, self.shard_capacity,
                                      self.prototype)
         #: This replay's token: a shard that finds files of its own job knows Ray restarted it.
         self.job = os.urandom(8).hex()
         meta_dir = str(Path(tempfile.gettempdir()) / "perx-shards" / self.job)
-        actor = ray.remote(Shard).options(max_restarts=max_restarts, max_task_retries=-1, num_cpus=num_cpus)
+        actor = ray.remote(Shard).options(max_restarts=max_restarts, max_task_retries=-1, num_cpus=num_cpus,
+                                          **placement)
         #: The shard actors' handles: writers call ``shards[k].add.remote(fields, td_errors)``.
         self.shards = [actor.remote(k, self.shard_capacity, self.prototype, seed=seeds[k], checkpoint_dir=folder,
                                     checkpoint_every=checkpoint_every, resume=resume, job=self.job,
@@ -552,6 +588,11 @@ class ShardedReplay:
     def stats(self) -> list[dict[str, Any]]:
         """The latest stats of every shard (as of the last reply from each)."""
         return list(self._stats)
+
+    @property
+    def shard_nodes(self) -> list[str | None]:
+        """The Ray node id of every shard, as of the last reply from each (a restarted shard may have moved)."""
+        return [s.get("node") if s is not None else None for s in self._stats]
 
     # -- sampling ------------------------------------------------------------------------------------
     def _counts(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:

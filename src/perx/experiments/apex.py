@@ -6,6 +6,7 @@ Each run writes ``<out>/<env>/apex-<variant>/seed=<n>/`` with ``--out`` defaulti
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -31,6 +32,9 @@ def build_parser(prog: str = "perx apex") -> argparse.ArgumentParser:
                         help="a shard checkpoints after this many added transitions (0: never; default 10,000, or "
                              "with --kill-shard-at K, K / (2 x shards), so that shard 0 has checkpointed about twice "
                              "before the drill kills it)")
+    parser.add_argument("--shard-checkpoints", default=None, metavar="FOLDER_OR_URL",
+                        help="where shards checkpoint: a folder, or an fsspec URL every node reaches (s3://bucket/run; "
+                             "for a cluster without a shared file system); default: <run folder>/shards")
     parser.add_argument("--address", default=None,
                         help="join an existing Ray cluster (e.g. 'auto' or 'ray://head:10001'); default: start a "
                              "local one")
@@ -50,6 +54,20 @@ def build_parser(prog: str = "perx apex") -> argparse.ArgumentParser:
     return parser
 
 
+def checkpoint_every(args: argparse.Namespace, out: Path) -> int:
+    """``--checkpoint-every``, else the interval a resumed run was started with (so that ``--resume`` needs only
+    the settings that define the run, not a repeated ``--kill-shard-at``), else 10,000, or K / (2 x shards) with
+    ``--kill-shard-at K``."""
+    if args.checkpoint_every is not None:
+        return args.checkpoint_every
+    if args.resume and (out / "config.json").exists():
+        return json.loads((out / "config.json").read_text())["config"]["checkpoint_every"]
+    if args.kill_shard_at is None:
+        return 10_000
+    # max(1, shards): a bad --shards is refused by ApexConfig, naming it, not by a ZeroDivisionError here
+    return max(1, args.kill_shard_at // (2 * max(1, args.shards)))
+
+
 def main(argv: list[str] | None = None, prog: str = "perx apex") -> int:
     from perx.distributed.apex import ApexConfig
     from perx.experiments.study import parse_overrides, run_dir
@@ -58,12 +76,11 @@ def main(argv: list[str] | None = None, prog: str = "perx apex") -> int:
     extra = parse_overrides(args.set, ApexConfig)
     if args.steps is not None:
         extra["total_steps"] = args.steps
-    checkpoint_every = args.checkpoint_every
-    if checkpoint_every is None:
-        checkpoint_every = 10_000 if args.kill_shard_at is None else max(1, args.kill_shard_at // (2 * args.shards))
+    if args.shard_checkpoints is not None:
+        extra["shard_checkpoints"] = args.shard_checkpoints
+    out = run_dir(Path(args.out), args.env, f"apex-{args.variant}", args.seed)
     cfg = ApexConfig(env_id=args.env, variant=args.variant, seed=args.seed, num_actors=args.actors,
-                     num_shards=args.shards, checkpoint_every=checkpoint_every, **extra)
-    out = run_dir(Path(args.out), cfg.env_id, f"apex-{cfg.variant}", cfg.seed)
+                     num_shards=args.shards, checkpoint_every=checkpoint_every(args, out), **extra)
 
     import ray
 
