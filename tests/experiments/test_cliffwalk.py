@@ -203,3 +203,35 @@ def test_plot_only_reads_and_writes_the_out_folder_and_nothing_else(tmp_path, mo
     assert sorted(p.name for p in tmp_path.iterdir()) == ["committed"]  # no runs/ folder made
     assert cw.main(["--plot-only"]) == 1  # no runs in runs/cliffwalk: refused, and nothing created
     assert sorted(p.name for p in tmp_path.iterdir()) == ["committed"]
+
+
+def test_twostep_oracle_applies_the_first_update_of_the_best_two_update_sequence():
+    """n = 3, linear: every pair (k, k2) of the 6 distinct transitions is tried by hand (numpy, the reference
+    learner's own update); the compiled oracle's single step equals applying the first update of the best pair."""
+    env = BlindCliffwalk(3, seed=0)
+    memory = env.replay_memory()
+    for seed in range(5):
+        ref = cw.Learner(env, True, np.random.default_rng(seed), "per-action")
+        fast = cw.Learner(env, True, np.random.default_rng(seed), "per-action")
+        oracle = cw.Oracle(ref, memory)
+        assert len(oracle.types) == 6  # 2n distinct (s, a)
+        losses = np.empty((6, 6))
+        start = ref.theta.copy()
+        for k in range(6):
+            for k2 in range(6):
+                ref.theta[:] = start
+                oracle.apply(k)
+                oracle.apply(k2)
+                losses[k, k2] = ref.mse()
+        ref.theta[:] = start
+        first, _ = np.unravel_index(np.argmin(losses), losses.shape)
+        assert losses.min() < ref.mse()  # the pair lowers the loss, so the oracle takes a step
+        oracle.apply(int(first))
+        updates, _, stalled = cw.Oracle(fast, memory).run_twostep(cap=1)
+        assert updates == 1 and not stalled
+        np.testing.assert_allclose(fast.theta, ref.theta, rtol=1e-12, atol=1e-15)
+
+
+def test_twostep_oracle_converges_on_a_linear_chain():
+    row = cw.run_one("oracle-twostep-linear", 6, 0, cw.Config())
+    assert row["converged"] and not row["stalled"]

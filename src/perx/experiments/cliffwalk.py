@@ -29,6 +29,10 @@ Strategies (every sampled one goes through a perx sampler; priorities are set to
                        up to LOOKAHEAD_DEPTH = 2 updates that reaches the lowest loss, if that is below the
                        current loss (each update counted); the loss still falls at every step taken, so the
                        variant cannot cycle. If no such sequence exists it stalls too.
+  oracle-twostep-linear  the always-two-step reading of the oracle: at every step the transition whose
+                       two-update sequence (it, then the best follow-up) reaches the lowest global loss; only
+                       that first update is applied and the search starts again (receding horizon). Stalls
+                       when no two-update sequence lowers the loss.
 
 Runs are capped at ``cap_factor`` x memory size updates (the oracles at ``oracle_cap_factor`` x); a capped
 run is reported as such, never silently truncated. The learners and the oracle's candidate search are
@@ -67,7 +71,7 @@ UNIFORM_CHUNK = 4096
 METHODS = (
     "uniform-tabular", "greedy-tabular", "oracle-tabular",
     "uniform-linear", "rank-linear", "rank-linear-is", "proportional-linear", "proportional-linear-is",
-    "oracle-linear", "oracle-lookahead-linear",
+    "oracle-linear", "oracle-lookahead-linear", "oracle-twostep-linear",
 )
 
 
@@ -159,6 +163,36 @@ def _oracle_run(theta, bias_of, qstar, linear, gamma, types, r, s2, term, depth,
     return updates, mse, False
 
 
+@njit(cache=True)
+def _oracle_twostep_run(theta, bias_of, qstar, linear, gamma, types, r, s2, term, cap, threshold):
+    """The always-two-step oracle (receding horizon): at each step search every sequence of two updates
+    (k, k2), apply the first update k of the one that reaches the lowest MSE to Q* (the first in type order on
+    ties), count it, and search again; stop when no sequence lowers the MSE (stalled). Returns (updates, MSE,
+    stalled). A step costs O(c^2 m) with c = 2n candidates and m = 2n Q-values."""
+    c = types.shape[0]
+    one = np.empty_like(theta)
+    two = np.empty_like(theta)
+    mse = _mse(theta, bias_of, qstar, linear)
+    updates = 0
+    while mse >= threshold and updates < cap:
+        best, first = np.inf, -1
+        for k in range(c):
+            one[:] = theta
+            _type_update(one, bias_of, linear, gamma, types[k], r[k], s2[k], term[k])
+            for k2 in range(c):
+                two[:] = one
+                _type_update(two, bias_of, linear, gamma, types[k2], r[k2], s2[k2], term[k2])
+                loss = _mse(two, bias_of, qstar, linear)
+                if loss < best:
+                    best, first = loss, k
+        if not best < mse:
+            return updates, mse, True
+        _type_update(theta, bias_of, linear, gamma, types[first], r[first], s2[first], term[first])
+        updates += 1
+        mse = _mse(theta, bias_of, qstar, linear)
+    return updates, mse, False
+
+
 # -- the oracle -----------------------------------------------------------------------------------------
 
 class Oracle:
@@ -213,6 +247,12 @@ class Oracle:
         return _oracle_run(L.theta, L.bias_of, L.qstar, L.linear, L.gamma, self.types, self.r, self.s2,
                            self.term, depth, cap, CONVERGED_MSE)
 
+    def run_twostep(self, cap: int) -> tuple[int, float, bool]:
+        """The always-two-step oracle (:func:`_oracle_twostep_run`): (updates, final MSE, stalled)."""
+        L = self.L
+        return _oracle_twostep_run(L.theta, L.bias_of, L.qstar, L.linear, L.gamma, self.types, self.r, self.s2,
+                                   self.term, cap, CONVERGED_MSE)
+
     def apply(self, c: int) -> None:
         """Update on candidate type index c with its current TD error."""
         delta = float(self._deltas(self.L.q())[c])
@@ -257,9 +297,11 @@ def run_one(method: str, n: int, seed: int, cfg: Config) -> dict:
     mse = learner.mse()
     if method.startswith("oracle"):
         oracle = Oracle(learner, memory)
-        depth = LOOKAHEAD_DEPTH if "lookahead" in method else 1
         cap = max(20_000, cfg.oracle_cap_factor * size)
-        updates, mse, stalled = oracle.run(depth, cap)
+        if "twostep" in method:
+            updates, mse, stalled = oracle.run_twostep(cap)
+        else:
+            updates, mse, stalled = oracle.run(LOOKAHEAD_DEPTH if "lookahead" in method else 1, cap)
     else:
         method_seed = int(np.random.default_rng(streams[2]).integers(2**63)) + METHODS.index(method)
         buf = perx.ReplayBuffer(size, _sampler(method, cfg), seed=method_seed)
@@ -330,7 +372,8 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 STYLE = {
     "uniform": ("black", "o"), "greedy": ("tab:red", "s"), "oracle": ("tab:cyan", "D"),
-    "oracle-lookahead": ("tab:green", "v"), "rank": ("tab:red", "s"), "rank-is": ("salmon", "s"),
+    "oracle-lookahead": ("tab:green", "v"), "oracle-twostep": ("darkgreen", "P"),
+    "rank": ("tab:red", "s"), "rank-is": ("salmon", "s"),
     "proportional": ("tab:blue", "^"), "proportional-is": ("lightsteelblue", "^"),
 }
 
