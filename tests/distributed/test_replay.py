@@ -572,3 +572,32 @@ def test_placement_options_are_checked_before_any_actor_starts(kwargs, error, ma
 def test_shards_report_their_node(shards):
     node = ray.get_runtime_context().get_node_id()
     assert shards.refresh() and shards.shard_nodes == [node] * 3
+
+
+def test_batches_land_in_preallocated_arrays_and_a_mismatch_is_refused_before_drawing(shards):
+    replay = shards
+    replay.reset(300, perx.Proportional(alpha=1.0), seed=3)
+    for k in range(3):  # obs = 100 k + local id: a row's obs tells its id
+        replay.add(shard=k, obs=(100.0 * k + np.arange(20.0))[:, None], action=np.full(20, k, np.int64))
+    dest = {"obs": np.full((16, 1), -1.0), "action": np.full(16, -1, np.int64)}
+    batch = replay.sample(16, out=dest)
+    assert batch["obs"] is dest["obs"] and batch["action"] is dest["action"]
+    local, _, shard = decode_ids(batch.indices)
+    np.testing.assert_array_equal(dest["obs"][:, 0], 100.0 * shard + local)
+    np.testing.assert_array_equal(dest["action"], shard)
+    again = replay.sample(16, out=batch)  # a previous batch's arrays, reused
+    assert again["obs"] is dest["obs"]
+    state = replay._rng.bit_generator.state
+    for bad, match in [({"obs": np.zeros((16, 2)), "action": np.zeros(16, np.int64)}, r"out\['obs'\]: shape"),
+                       ({"obs": np.zeros((16, 1), np.float32), "action": np.zeros(16, np.int64)}, "of float64"),
+                       ({"obs": np.zeros((8, 1)), "action": np.zeros(8, np.int64)}, "an array of 16 rows"),
+                       ({"obs": np.zeros((16, 1))}, "one array per field"),
+                       ({"obs": np.zeros((16, 1)), "action": np.zeros(16, np.int64)[::1].view()}, None)]:
+        if match is None:
+            bad["action"].flags.writeable = False
+            match = "writable"
+        with pytest.raises(ValueError, match=match):
+            replay.sample(16, out=bad)
+    with pytest.raises(TypeError, match=r"out: a perx\.Batch or a dict"):
+        replay.sample(16, out=[1, 2])
+    assert replay._rng.bit_generator.state == state  # nothing was drawn

@@ -453,6 +453,7 @@ class ShardedReplay:
     rate_limiter: RateLimiter | None = None
     sample_timeout: float | None = None
     single_shard_batches = False
+    _field_specs: dict | None = None
     _stat_refs: list = []  # noqa: RUF012 - replaced per instance before any use
     _batches_since_stats = 0
 
@@ -545,6 +546,7 @@ class ShardedReplay:
             if old is not None and old["instance"] != stats["instance"]:  # restarted since its last reply
                 self._replaced[k].add(old["instance"])
         self._stats = list(replies)
+        self._field_specs = None  # the next batch shows the new fields
         self.applied = self.skipped = self.lost_updates = self.failed_updates = 0
         self.restarts = []
 
@@ -617,16 +619,21 @@ class ShardedReplay:
         k = np.minimum(k, np.flatnonzero(totals > 0)[-1])  # rounding at the top end
         return np.bincount(k, minlength=self.num_shards), totals / grand
 
-    def sample_async(self, batch_size: int, beta: float = 1.0) -> PendingBatch:
+    def sample_async(self, batch_size: int, beta: float = 1.0, *, out: Batch | Mapping | None = None
+                     ) -> PendingBatch:
         """Start drawing a batch; ``.result()`` returns the :class:`perx.Batch`. Keep a few in flight.
 
         The split between shards uses the totals of the latest replies (one round old when pipelined).
+        ``out``: see :meth:`sample`.
         """
         batch_size = check_batch_size(batch_size)
         beta = check_real(beta, "beta", low=0.0, high=1.0)
+        dest = None if out is None else _check_out(out, batch_size, self._field_specs)
         if self.rate_limiter is not None:
             self._wait_to_sample(batch_size)
-        return self._draw(batch_size, beta)
+        pending = self._draw(batch_size, beta)
+        pending.out = dest
+        return pending
 
     def _draw(self, batch_size: int, beta: float) -> PendingBatch:
         """Send the sample calls of one batch (the rate limiter already charged, if any)."""
@@ -689,15 +696,24 @@ class ShardedReplay:
         self.rate_limiter.inserted_to(self._inserted())
         return self.rate_limiter.can_insert(check_positive_int(n, "n"), int(pending))
 
-    def sample(self, batch_size: int, beta: float = 1.0) -> Batch:
+    def sample(self, batch_size: int, beta: float = 1.0, *, out: Batch | Mapping | None = None) -> Batch:
         """Read the shards' totals, then draw a batch: ``batch.probabilities`` are the union's P(i) =
         m_i / sum of all masses and ``batch.weights`` its IS weights (000 eq. 1 and Sec. 3.4), when no
-        one writes between the two round trips."""
+        one writes between the two round trips.
+
+        ``out``: a batch returned before (its field arrays are reused) or a dict of preallocated arrays, one
+        per field (a dict field: a dict of them), each ``[batch_size, *field shape]`` of the field's dtype
+        and writable, e.g. pinned memory for a GPU learner. The shards' replies are copied straight into
+        them (one copy, from Ray's object store; without ``out`` the same copy goes to new arrays). Checked
+        before anything is drawn once a batch has shown the fields' shapes; on the first batch a mismatch is
+        found only as the replies arrive (ValueError naming the field; the draws are spent, nothing else
+        changes).
+        """
         self.refresh()
-        return self.sample_async(batch_size, beta).result()
+        return self.sample_async(batch_size, beta, out=out).result()
 
     def _assemble(self, replies: Sequence[tuple], counts: np.ndarray, q: np.ndarray, beta: float,
-                  keys: Sequence[int]) -> Batch:
+                  keys: Sequence[int], out: dict | None = None) -> Batch:
         datas, ids, probs, p_min = [], [], [], np.inf
         for k, (data, gids, local_p, stats) in zip(keys, replies, strict=True):
             self._note(stats)
@@ -714,7 +730,11 @@ class ShardedReplay:
                     p_min = min(p_min, q[k] * st["min"] / st["total"])
         if not datas:  # every shard chosen was emptied by a restart without a checkpoint
             raise ValueError("sample: the shards chosen had nothing stored (restarted without a checkpoint?)")
-        data = {name: _concat([d[name] for d in datas]) for name in datas[0]}
+        if self._field_specs is None:  # the fields' shapes and dtypes, for checking ``out`` before drawing
+            self._field_specs = {name: _spec(datas[0][name]) for name in datas[0]}
+        if out is not None:
+            _check_out(out, int(counts.sum()), self._field_specs)
+        data = {name: _concat([d[name] for d in datas], None if out is None else out[name]) for name in datas[0]}
         p = np.concatenate(probs)
         if self.importance_sampling and beta > 0.0:
             ref = p.min() if self.batch_normalized else p_min
@@ -840,6 +860,8 @@ class PendingBatch:
     def __init__(self, replay: ShardedReplay, refs: list, counts: np.ndarray, q: np.ndarray, beta: float,
                  keys: Sequence[int] | None = None) -> None:
         self.replay, self.refs, self.counts, self.q, self.beta = replay, refs, counts, q, beta
+        #: Preallocated destination arrays (``sample(out=)``), or None.
+        self.out: dict | None = None
         #: The shards called, in the order of ``refs``.
         self.keys = list(range(replay.num_shards)) if keys is None else list(keys)
 
@@ -860,7 +882,7 @@ class PendingBatch:
                                     pending.keys, first=pending.refs)
             short = [k for k, r in zip(pending.keys, replies, strict=True) if len(r[1]) < pending.counts[k]]
             if not short:
-                return replay._assemble(replies, pending.counts, pending.q, pending.beta, pending.keys)
+                return replay._assemble(replies, pending.counts, pending.q, pending.beta, pending.keys, self.out)
             for r in replies:
                 replay._note(r[3])
         raise RuntimeError(f"sample: {_DRAWS} draws in a row found shards chosen by the split without the mass "
@@ -895,9 +917,46 @@ def _get_retrying(submit, keys, first: list | None = None, attempts: int = 50) -
     raise RuntimeError(f"ShardedReplay: shards {[keys[i] for i in todo]} stayed unavailable after {attempts} tries")
 
 
-def _concat(parts: list) -> np.ndarray | dict:
-    """The shards' arrays of one field, concatenated (a dict field: key by key). Always a new, writable array,
-    even from one shard: Ray hands large arrays over read-only, straight from its object store."""
+def _concat(parts: list, out: Any = None) -> np.ndarray | dict:
+    """The shards' arrays of one field, concatenated (a dict field: key by key) into ``out`` or a new array.
+    Always a writable copy, even from one shard: Ray hands large arrays over read-only, straight from its
+    object store."""
     if isinstance(parts[0], dict):
-        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return np.concatenate(parts)
+        return {k: _concat([p[k] for p in parts], None if out is None else out[k]) for k in parts[0]}
+    return np.concatenate(parts, out=out)
+
+
+def _spec(value: Any) -> Any:
+    """(trailing shape, dtype) of one field's array (a dict field: key by key)."""
+    if isinstance(value, dict):
+        return {k: _spec(v) for k, v in value.items()}
+    return (tuple(value.shape[1:]), np.dtype(value.dtype))
+
+
+def _check_out(out: object, batch_size: int, specs: dict | None) -> dict:
+    """``out`` of a sample as a dict of writable arrays of ``batch_size`` rows (TypeError / ValueError naming
+    ``out`` and the field), matching ``specs`` (the fields' shapes and dtypes) when known."""
+    data = out.data if isinstance(out, Batch) else out
+    if not isinstance(data, Mapping):
+        raise TypeError(f"out: a perx.Batch or a dict of arrays, one per field, got {short(out)}")
+
+    def check(name: str, value: Any, spec: Any) -> None:
+        if isinstance(spec, dict) or (spec is None and isinstance(value, Mapping)):
+            if not isinstance(value, Mapping) or (spec is not None and set(value) != set(spec)):
+                raise ValueError(f"out[{name}]: a dict with keys {sorted(spec or {})}, got {short(value)}")
+            for k, v in value.items():
+                check(f"{name}][{k!r}", v, None if spec is None else spec[k])
+            return
+        if not isinstance(value, np.ndarray) or value.ndim < 1 or len(value) != batch_size:
+            raise ValueError(f"out[{name}]: an array of {batch_size} rows, got {short(value)}")
+        if not value.flags.writeable:
+            raise ValueError(f"out[{name}]: a writable array, got a read-only one")
+        if spec is not None and (tuple(value.shape[1:]), value.dtype) != spec:
+            raise ValueError(f"out[{name}]: shape [{batch_size}, {', '.join(map(str, spec[0]))}] of {spec[1]}, "
+                             f"got {list(value.shape)} of {value.dtype}")
+
+    if specs is not None and set(data) != set(specs):
+        raise ValueError(f"out: one array per field {sorted(specs)}, got {sorted(data)}")
+    for name, value in data.items():
+        check(repr(name), value, None if specs is None else specs[name])
+    return dict(data)
