@@ -77,3 +77,27 @@ def test_output_defaults_to_a_folder_git_ignores(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert supervised.main(["--plot-only"]) == 1  # no runs in runs/supervised: refused, and nothing created
     assert not any(tmp_path.iterdir())
+
+
+def test_mnist1d_split_keeps_one_percent_of_its_rare_classes_and_trains_a_1d_network():
+    pytest.importorskip("mnist1d")
+    import torch
+
+    cfg = supervised.Config(data="mnist1d", samples=3000, updates=30, eval_every=10, learning_rates=(0.1,))
+    data = supervised.load_split(cfg)
+    assert data["x_train"].shape[1:] == (1, 40) and data["x_train"].dtype == np.float32
+    _, y = supervised._dataset("mnist1d", 3000)
+    total = np.bincount(y, minlength=10)
+    assert total.sum() == 3000
+    pool = total - np.round(0.25 * total) - np.round(0.15 * total)
+    train = np.bincount(data["y_train"], minlength=10)
+    np.testing.assert_array_equal(train[5:], pool[5:])
+    np.testing.assert_array_equal(train[:5], np.maximum(1, np.round(0.01 * pool[:5])))
+    np.testing.assert_array_equal(np.bincount(data["y_test"], minlength=10), np.round(0.25 * total))
+    kept, pools = supervised.rare_kept(cfg)
+    assert kept == train[:5].tolist() and pools == pool[:5].tolist()
+    assert supervised.network(0, "mnist1d")(torch.from_numpy(data["x_test"][:7])).shape == (7, 10)
+    rows = supervised.run_one("prioritized", 0.1, 0, cfg, data)
+    assert [r["update"] for r in rows] == [0, 10, 20, 30]
+    assert rows[-1]["train_loss"] < rows[0]["train_loss"]
+

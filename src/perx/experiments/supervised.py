@@ -1,9 +1,13 @@
 """Prioritized supervised learning on class-imbalanced digits (000 Sec. 6, Figure 5, App. B.3).
 
-Data: scikit-learn's bundled 8x8 digits (1,797 images; nothing is downloaded; no PyPI package ships the full
-MNIST files). Each class is split at random into test (25%), validation (15%) and training pool (60%);
-the test and validation sets keep every example (balanced). The training set keeps ``keep`` = 1% of the
-pool's 0-4s (at least one of each; B.3: "randomly sampled 1% of the available examples") and every 5-9.
+Data (``--data``): scikit-learn's bundled 8x8 digits (1,797 images; nothing is downloaded; no PyPI package
+ships the full MNIST files), or MNIST-1D (``mnist1d``, Greydanus 2020: 1-D signals of length 40 made from ten
+digit-like templates by the package's own generator, in code, nothing downloaded), ``--samples`` of them
+(default 70,000, MNIST's size: ~4,200 training examples per digit before the imbalance, so 1% keeps ~42 of
+each rare digit where the 8x8 digits keep one). Each class is split at random into test (25%), validation
+(15%) and training pool (60%); the test and validation sets keep every example (balanced). The training set
+keeps ``keep`` = 1% of the pool's 0-4s (at least one of each; B.3: "randomly sampled 1% of the available
+examples") and every 5-9.
 
 Network (B.3's LeNet-like shape at 8x8): conv 3x3 (16) + ReLU + 2x2 max pool, conv 3x3 (32) + ReLU + 2x2
 max pool, a 128-unit fully connected layer + ReLU, 10 log-softmax outputs; negative log-likelihood; SGD
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import platform
@@ -66,6 +71,10 @@ class Config:
     """Methods to run."""
     split_seed: int = 0
     """Seed of the data split (one split for every run, as the paper's one dataset)."""
+    data: str = "digits"
+    """"digits" (scikit-learn's 8x8) or "mnist1d" (generated locally)."""
+    samples: int = 70_000
+    """MNIST-1D examples generated (all classes, before the split); ignored for digits."""
 
 
 def _split(cfg: Config, y: np.ndarray) -> dict[str, list[np.ndarray]]:
@@ -85,25 +94,41 @@ def _split(cfg: Config, y: np.ndarray) -> dict[str, list[np.ndarray]]:
     return parts
 
 
-def _digits():
-    from sklearn.datasets import load_digits
+DATA = ("digits", "mnist1d")
 
-    return load_digits()
+
+@functools.lru_cache(maxsize=2)
+def _dataset(data: str, samples: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every example and label of a data set: digits float32 [1797, 1, 8, 8] in [0, 1]; mnist1d float32
+    [samples, 1, 40] (the generator's own train and test parts together; we split them ourselves). int64
+    labels. Cached per process: generating 70,000 MNIST-1D signals takes about a minute."""
+    if data == "digits":
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        return (digits.images / 16.0).astype(np.float32)[:, None], digits.target.astype(np.int64)
+    if data == "mnist1d":
+        from mnist1d.data import get_dataset_args, make_dataset
+
+        args = get_dataset_args()  # the package's defaults (its seed 42), only the number of examples changed
+        args.num_samples = samples
+        made = make_dataset(args)
+        x = np.concatenate([made["x"], made["x_test"]]).astype(np.float32)[:, None]
+        return x, np.concatenate([made["y"], made["y_test"]]).astype(np.int64)
+    raise ValueError(f"data: one of {DATA}, got {data!r}")
 
 
 def rare_kept(cfg: Config) -> tuple[list[int], list[int]]:
     """(training examples kept, pool size) of each rare digit 0-4: what the keep share means after
     rounding and the at-least-one rule, for the figure's title."""
-    parts = _split(cfg, _digits().target)
+    parts = _split(cfg, _dataset(cfg.data, cfg.samples)[1])
     return [len(parts["train"][c]) for c in RARE], [len(parts["pool"][c]) for c in RARE]
 
 
 def load_split(cfg: Config) -> dict[str, np.ndarray]:
-    """The imbalanced training set and the balanced validation and test sets (float32 [n, 1, 8, 8] in [0, 1],
-    int64 labels)."""
-    digits = _digits()
-    x = (digits.images / 16.0).astype(np.float32)[:, None]
-    y = digits.target.astype(np.int64)
+    """The imbalanced training set and the balanced validation and test sets (float32 [n, 1, 8, 8] in [0, 1]
+    for digits, [n, 1, 40] for mnist1d; int64 labels)."""
+    x, y = _dataset(cfg.data, cfg.samples)
     parts = _split(cfg, y)
     del parts["pool"]
     out = {}
@@ -113,11 +138,19 @@ def load_split(cfg: Config) -> dict[str, np.ndarray]:
     return out
 
 
-def network(seed: int):
+def network(seed: int, data: str = "digits"):
+    """B.3's LeNet-like shape: two conv + ReLU + max-pool stages, 128 hidden units, 10 log-softmax outputs
+    (2-D convolutions over the 8x8 digits, 1-D over MNIST-1D's length-40 signals)."""
     import torch
     from torch import nn
 
     torch.manual_seed(seed)
+    if data == "mnist1d":
+        return nn.Sequential(
+            nn.Conv1d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),   # 40 -> 20
+            nn.Conv1d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool1d(2),  # 20 -> 10
+            nn.Flatten(), nn.Linear(32 * 10, 128), nn.ReLU(), nn.Linear(128, 10), nn.LogSoftmax(dim=1),
+        )
     return nn.Sequential(
         nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),   # 8x8 -> 4x4
         nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),  # 4x4 -> 2x2
@@ -155,7 +188,7 @@ def run_one(method: str, lr: float, seed: int, cfg: Config, data: dict[str, np.n
     x, y = data["x_train"], data["y_train"]
     buf = perx.ReplayBuffer(len(y), _sampler(method), seed=seed + 1000 * METHODS.index(method))
     buf.extend(x=x, y=y)
-    net = network(seed)
+    net = network(seed, cfg.data)
     opt = torch.optim.SGD(net.parameters(), lr=lr)  # no momentum (B.3)
     scale = torch.ones(10)
     if method == "informed":
@@ -313,6 +346,9 @@ def build_parser(prog: str = "perx supervised") -> argparse.ArgumentParser:
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
     parser.add_argument("--seeds", type=int, default=d.seeds)
     parser.add_argument("--keep", type=float, default=d.keep, help="share of the 0-4 training examples kept")
+    parser.add_argument("--data", choices=DATA, default=d.data,
+                        help="digits: scikit-learn's 8x8; mnist1d: MNIST-1D generated locally (pip install mnist1d)")
+    parser.add_argument("--samples", type=int, default=d.samples, help="MNIST-1D examples generated (mnist1d only)")
     parser.add_argument("--learning-rates", type=float, nargs="+", default=list(d.learning_rates))
     parser.add_argument("--methods", nargs="+", default=list(d.methods), choices=METHODS)
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
@@ -331,8 +367,11 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
     args = parser.parse_args(argv)
     if not 0 < args.keep <= 1:
         parser.error(f"--keep: must lie in (0, 1], got {args.keep}")
+    if args.samples < 100:
+        parser.error(f"--samples: at least 100, got {args.samples}")
     cfg = Config(updates=args.updates, eval_every=args.eval_every, seeds=args.seeds, keep=args.keep,
-                 learning_rates=tuple(args.learning_rates), methods=tuple(args.methods))
+                 learning_rates=tuple(args.learning_rates), methods=tuple(args.methods), data=args.data,
+                 samples=args.samples)
     out = Path(args.out)
     runs_path = out / "runs.csv"
     if args.plot_only:  # reads and writes OUT only, and creates nothing when OUT holds no runs
@@ -367,6 +406,10 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
     meta = {"command": " ".join([prog, *argv]), "config": asdict(cfg), "class_counts": counts,
             "perx": perx.__version__, "torch": torch.__version__, "sklearn": sklearn.__version__,
             "numpy": np.__version__, "python": platform.python_version(), "machine": platform.machine()}
+    if cfg.data == "mnist1d":
+        from importlib.metadata import version
+
+        meta["mnist1d"] = version("mnist1d")
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     done = {(r["method"], r["lr"], r["seed"]) for r in rows if r["update"] == cfg.updates}
     rows = [r for r in rows if (r["method"], r["lr"], r["seed"]) in done]  # drop half-written runs
