@@ -632,7 +632,8 @@ class ShardedReplay:
         if self.rate_limiter is not None:
             self._wait_to_sample(batch_size)
         pending = self._draw(batch_size, beta)
-        pending.out = dest
+        # checked against the fields' shapes now if a batch has shown them, else when the replies arrive
+        pending.out, pending.out_checked = dest, self._field_specs is not None
         return pending
 
     def _draw(self, batch_size: int, beta: float) -> PendingBatch:
@@ -713,7 +714,7 @@ class ShardedReplay:
         return self.sample_async(batch_size, beta, out=out).result()
 
     def _assemble(self, replies: Sequence[tuple], counts: np.ndarray, q: np.ndarray, beta: float,
-                  keys: Sequence[int], out: dict | None = None) -> Batch:
+                  keys: Sequence[int], out: dict | None = None, out_checked: bool = False) -> Batch:
         datas, ids, probs, p_min = [], [], [], np.inf
         for k, (data, gids, local_p, stats) in zip(keys, replies, strict=True):
             self._note(stats)
@@ -732,7 +733,7 @@ class ShardedReplay:
             raise ValueError("sample: the shards chosen had nothing stored (restarted without a checkpoint?)")
         if self._field_specs is None:  # the fields' shapes and dtypes, for checking ``out`` before drawing
             self._field_specs = {name: _spec(datas[0][name]) for name in datas[0]}
-        if out is not None:
+        if out is not None and not out_checked:
             _check_out(out, int(counts.sum()), self._field_specs)
         data = {name: _concat([d[name] for d in datas], None if out is None else out[name]) for name in datas[0]}
         p = np.concatenate(probs)
@@ -860,8 +861,10 @@ class PendingBatch:
     def __init__(self, replay: ShardedReplay, refs: list, counts: np.ndarray, q: np.ndarray, beta: float,
                  keys: Sequence[int] | None = None) -> None:
         self.replay, self.refs, self.counts, self.q, self.beta = replay, refs, counts, q, beta
-        #: Preallocated destination arrays (``sample(out=)``), or None.
+        #: Preallocated destination arrays (``sample(out=)``), or None, and whether they were checked against
+        #: the fields' shapes already.
         self.out: dict | None = None
+        self.out_checked = False
         #: The shards called, in the order of ``refs``.
         self.keys = list(range(replay.num_shards)) if keys is None else list(keys)
 
@@ -882,7 +885,8 @@ class PendingBatch:
                                     pending.keys, first=pending.refs)
             short = [k for k, r in zip(pending.keys, replies, strict=True) if len(r[1]) < pending.counts[k]]
             if not short:
-                return replay._assemble(replies, pending.counts, pending.q, pending.beta, pending.keys, self.out)
+                return replay._assemble(replies, pending.counts, pending.q, pending.beta, pending.keys, self.out,
+                                        self.out_checked)
             for r in replies:
                 replay._note(r[3])
         raise RuntimeError(f"sample: {_DRAWS} draws in a row found shards chosen by the split without the mass "

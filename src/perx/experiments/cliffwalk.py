@@ -117,6 +117,24 @@ def _type_update(theta, bias_of, linear, gamma, t, r, s2, term):
 
 
 @njit(cache=True)
+def _best_pair(theta, one, two, bias_of, qstar, linear, gamma, types, r, s2, term):
+    """(lowest MSE to Q*, k, k2) over every sequence of two candidate updates from theta (the first in type
+    order on ties); ``one`` and ``two`` are scratch arrays shaped like theta. O(c^2 m)."""
+    c = types.shape[0]
+    best, first, second = np.inf, -1, -1
+    for k in range(c):
+        one[:] = theta
+        _type_update(one, bias_of, linear, gamma, types[k], r[k], s2[k], term[k])
+        for k2 in range(c):
+            two[:] = one
+            _type_update(two, bias_of, linear, gamma, types[k2], r[k2], s2[k2], term[k2])
+            loss = _mse(two, bias_of, qstar, linear)
+            if loss < best:
+                best, first, second = loss, k, k2
+    return best, first, second
+
+
+@njit(cache=True)
 def _oracle_run(theta, bias_of, qstar, linear, gamma, types, r, s2, term, depth, cap, threshold):
     """The hindsight oracle in one compiled loop: at each step apply the candidate type whose update lowers
     the MSE to Q* most (strictly; the first in type order on ties); if none lowers it and depth = 2, the
@@ -142,16 +160,7 @@ def _oracle_run(theta, bias_of, qstar, linear, gamma, types, r, s2, term, depth,
             continue
         if depth < 2:
             return updates, mse, True
-        best2, first, second = np.inf, -1, -1
-        for k in range(c):
-            one[:] = theta
-            _type_update(one, bias_of, linear, gamma, types[k], r[k], s2[k], term[k])
-            for k2 in range(c):
-                two[:] = one
-                _type_update(two, bias_of, linear, gamma, types[k2], r[k2], s2[k2], term[k2])
-                loss = _mse(two, bias_of, qstar, linear)
-                if loss < best2:
-                    best2, first, second = loss, k, k2
+        best2, first, second = _best_pair(theta, one, two, bias_of, qstar, linear, gamma, types, r, s2, term)
         if not best2 < mse:
             return updates, mse, True
         _type_update(theta, bias_of, linear, gamma, types[first], r[first], s2[first], term[first])
@@ -169,22 +178,12 @@ def _oracle_twostep_run(theta, bias_of, qstar, linear, gamma, types, r, s2, term
     (k, k2), apply the first update k of the one that reaches the lowest MSE to Q* (the first in type order on
     ties), count it, and search again; stop when no sequence lowers the MSE (stalled). Returns (updates, MSE,
     stalled). A step costs O(c^2 m) with c = 2n candidates and m = 2n Q-values."""
-    c = types.shape[0]
     one = np.empty_like(theta)
     two = np.empty_like(theta)
     mse = _mse(theta, bias_of, qstar, linear)
     updates = 0
     while mse >= threshold and updates < cap:
-        best, first = np.inf, -1
-        for k in range(c):
-            one[:] = theta
-            _type_update(one, bias_of, linear, gamma, types[k], r[k], s2[k], term[k])
-            for k2 in range(c):
-                two[:] = one
-                _type_update(two, bias_of, linear, gamma, types[k2], r[k2], s2[k2], term[k2])
-                loss = _mse(two, bias_of, qstar, linear)
-                if loss < best:
-                    best, first = loss, k
+        best, first, _ = _best_pair(theta, one, two, bias_of, qstar, linear, gamma, types, r, s2, term)
         if not best < mse:
             return updates, mse, True
         _type_update(theta, bias_of, linear, gamma, types[first], r[first], s2[first], term[first])
