@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from perx import _atomic
+from perx._mmap import STATE, MappedFileError, MappedFolder, register
 from perx._nested import DictLayout, flat_name
 from perx.episodes import Episodes, EpisodeStore
 from perx.samplers.base import Sampler
@@ -44,9 +45,11 @@ FORMAT = "perx.ReplayBuffer"
 FORMAT_VERSION = 3
 
 
-def save(buf: ReplayBuffer, path: str | os.PathLike) -> None:
+def save(buf: ReplayBuffer, path: str | os.PathLike, *, mapped: bool = False) -> None:
     """Write ``buf`` (data, sampler state with its generator, episode state, counter) to ``path`` atomically
-    (``ReplayBuffer.save``). The sampler's and the episode store's arrays are written as they are, not copied."""
+    (``ReplayBuffer.save``). The sampler's and the episode store's arrays are written as they are, not copied.
+    With ``mapped`` (a memmap buffer's ``state.npz``), the arrays that live in the buffer's files (the stored
+    fields, the observation ring) are left out and ``meta["mapped"]`` says so."""
     path = Path(path)
     size = len(buf)
     sampler_meta, sampler_arrays = buf.sampler.state_dict()
@@ -65,12 +68,14 @@ def save(buf: ReplayBuffer, path: str | os.PathLike) -> None:
         meta["dict_fields"] = {name: [[k, list(f.shape), f.dtype.str] for k, f in nested[name].items()]
                                for name in buf._dicts}
     arrays = {}
-    for name, arr in buf._storage.data.items():
+    if mapped:
+        meta["mapped"] = True
+    for name, arr in buf._storage.data.items() if not mapped else ():
         arrays[f"data/{name}"] = arr[:size]
     for key, arr in sampler_arrays.items():
         arrays[f"sampler/{key}"] = arr
     if buf._episodes is not None:
-        episode_meta, episode_arrays = buf._episodes.state_dict(size, buf._storage.next_id)
+        episode_meta, episode_arrays = buf._episodes.state_dict(size, buf._storage.next_id, with_units=not mapped)
         meta["episodes"] = episode_meta
         for key, arr in episode_arrays.items():
             arrays[f"episodes/{key}"] = arr
@@ -93,11 +98,36 @@ def load(cls: type[ReplayBuffer], path: str | os.PathLike, lock: bool) -> Replay
                              f"truncated or corrupted, or was crafted ({type(err).__name__}: {err})") from err
 
 
+def open_mapped(cls: type[ReplayBuffer], path: str | os.PathLike, lock: bool) -> ReplayBuffer:
+    """The memmap buffer closed in the folder ``path`` (``ReplayBuffer.open``): its ``state.npz`` is read as
+    :func:`load` reads a file, and the buffer is built over the folder's files. ValueError naming the path for
+    anything wrong; the folder is left as it was (closed) if it is refused."""
+    folder = MappedFolder(path, reopen=True)  # refuses a folder not closed
+    state = folder.path / STATE
+    try:
+        with open(state, "rb") as f:
+            try:
+                buf = _read(cls, f, lock, folder)
+            except _LoadError as err:
+                raise ValueError(f"path: cannot open the memmap buffer {str(folder.path)!r}: {err}") from None
+            except MappedFileError:
+                raise
+            except Exception as err:
+                raise ValueError(f"path: cannot open the memmap buffer {str(folder.path)!r}: {STATE} is truncated "
+                                 f"or corrupted ({type(err).__name__}: {err})") from err
+    except BaseException:
+        folder.discard()  # (removes only its open marker: the folder stays closed)
+        raise
+    folder.reopen = False  # fields fixed from now on are new files
+    register(buf)  # (only now: a refused open must never write its state at exit)
+    return buf
+
+
 class _LoadError(Exception):
     """A file that parsed but whose content is refused (the message says why)."""
 
 
-def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
+def _read(cls: type[ReplayBuffer], f, lock: bool, folder: MappedFolder | None = None) -> ReplayBuffer:
     with zipfile.ZipFile(f) as zf:
         infos = zf.infolist()
         names = [info.filename for info in infos]
@@ -120,9 +150,12 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
             raise _LoadError(f"format version {meta.get('version')!r}; this perx reads versions 1 to "
                              f"{FORMAT_VERSION}")
         capacity, next_id, spec, sampler, episodes = _parse_meta(meta)
+        if bool(meta.get("mapped", False)) != (folder is not None):
+            raise _LoadError("a memmap buffer's state (open its folder with ReplayBuffer.open)" if folder is None
+                             else "not a memmap buffer's state")
         dicts = _parse_dicts(meta)
         build_spec, shared_keys = _spec_with_dicts(spec, dicts, episodes)
-        expected_data = set() if spec is None else {f"data/{name}" for name in spec}
+        expected_data = set() if spec is None or folder is not None else {f"data/{name}" for name in spec}
         found_data = {k for k in members if k.startswith("data/")}
         if found_data != expected_data:
             raise _LoadError(f"data members {sorted(found_data)} do not match the fields {sorted(expected_data)}")
@@ -130,7 +163,7 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
         if unknown:
             raise _LoadError(f"unexpected members {unknown}")
         try:
-            buf = cls(capacity, sampler, spec=build_spec, lock=lock, episodes=episodes)
+            buf = cls(capacity, sampler, spec=build_spec, lock=lock, episodes=episodes, memmap=folder)
         except MemoryError as err:
             raise _LoadError(f"capacity {capacity} cannot be allocated here ({err})") from None
         if shared_keys is not None:  # a shared dict observation: packed in the episode store, allocated below
@@ -142,7 +175,7 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
                              "fields")
         storage = buf._storage
         size = min(next_id, capacity)
-        for name, arr in storage.data.items():
+        for name, arr in storage.data.items() if folder is None else ():
             _read_member(zf, members[f"data/{name}"], into=arr[:size], what=f"data/{name}")
         storage.next_id = next_id
         if spec is not None:
@@ -165,7 +198,8 @@ def _read(cls: type[ReplayBuffer], f, lock: bool) -> ReplayBuffer:
         return buf
     store = cast(EpisodeStore, buf._episodes)  # (built with the episodes)
     try:
-        store.load_state_dict(meta["episodes"], episode_arrays, size, next_id, buf._storage.data)
+        store.load_state_dict(meta["episodes"], episode_arrays, size, next_id, buf._storage.data,
+                              with_units=folder is None)
     except (KeyError, TypeError, IndexError) as err:
         raise _LoadError(f"episode state: {type(err).__name__}: {err}") from None
     except ValueError as err:

@@ -9,6 +9,7 @@ Invariant: every public method either succeeds or raises before changing anythin
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -17,7 +18,8 @@ from typing import Any, Literal, cast
 
 import numpy as np
 
-from perx import _format
+from perx import _format, _mmap
+from perx._mmap import MappedFolder
 from perx._nested import _NOT_DICT, DictLayout, check_keys, dict_keys, flat_name, is_dict
 from perx.episodes import RESERVED, DictEpisodeStore, Episodes, EpisodeStore
 from perx.samplers.base import FLOAT64 as _FLOAT64
@@ -135,6 +137,13 @@ class ReplayBuffer:
             then it costs nothing: a buffer without it must be used by one thread at a time, because
             the compiled kernels release the GIL. Hold ``buf.lock`` yourself to make several calls
             one atomic step.
+        memmap: a folder (new, or empty) to keep the stored fields in files on disk instead of RAM, mapped
+            into memory (``.npy`` files; with ``episodes`` that store observations once, their ring too), so
+            the buffer may be larger than RAM. Sampler trees, priorities and episode links stay in RAM.
+            :meth:`close` (or a normal interpreter exit) writes the rest of the state beside the files, and
+            :meth:`open` reopens the folder exactly; a folder whose process was killed before closing it is
+            refused (:mod:`perx._mmap` says why). Sampling and updates are unchanged; their cost depends on
+            how much of the files the page cache holds (docs/design.md, "Buffers on disk").
 
     Example:
         >>> buf = ReplayBuffer(capacity=1000, sampler=perx.Proportional(alpha=0.6), seed=0)
@@ -151,7 +160,8 @@ class ReplayBuffer:
     _key_check: Storage
 
     def __init__(self, capacity: int, sampler: Sampler | None = None, *, seed: int | None = None,
-                 spec: Mapping | None = None, episodes: Episodes | None = None, lock: bool = False) -> None:
+                 spec: Mapping | None = None, episodes: Episodes | None = None, lock: bool = False,
+                 memmap: str | os.PathLike | MappedFolder | None = None) -> None:
         capacity = check_capacity(capacity)
         sampler = Uniform() if sampler is None else check_sampler(sampler)
         check_bool(lock, "lock")
@@ -175,17 +185,27 @@ class ReplayBuffer:
                     raise ValueError(f"spec: {names[0]} and {names[1]} must have the same shape and dtype")
                 obs_spec = {n: spec[n] for n in names}
                 spec = {n: f for n, f in spec.items() if n not in names} or None
-        storage = Storage(capacity, spec)
-        store = None
-        if episodes is not None:
-            store = EpisodeStore(capacity, episodes) if layout is None else DictEpisodeStore(capacity, episodes, layout)
-            if storage.spec is not None:
-                store.check_spec(storage.spec)
-            if obs_spec is not None:
-                store.allocate(obs_spec[episodes.obs].shape, obs_spec[episodes.obs].dtype)
         if seed is not None:  # checked before the sampler is bound, so a refused seed leaves it reusable
             make_generator(seed)
-        sampler._bind(capacity)
+        if sampler.capacity is not None:  # (as _bind checks, but before a memmap folder is created)
+            raise ValueError(f"sampler: {sampler!r} is already bound to a buffer; create a new sampler")
+        mapped = memmap if isinstance(memmap, MappedFolder) or memmap is None else MappedFolder(memmap, reopen=False)
+        try:
+            storage = Storage(capacity, spec, mapped=mapped)
+            store = None
+            if episodes is not None:
+                store = EpisodeStore(capacity, episodes) if layout is None else \
+                    DictEpisodeStore(capacity, episodes, layout)
+                store.mapped = mapped
+                if storage.spec is not None:
+                    store.check_spec(storage.spec)
+                if obs_spec is not None:
+                    store.allocate(obs_spec[episodes.obs].shape, obs_spec[episodes.obs].dtype)
+            sampler._bind(capacity)
+        except BaseException:
+            if mapped is not None and not mapped.reopen:
+                mapped.discard()  # a refused buffer leaves no folder behind
+            raise
         if seed is not None:
             sampler.reseed(seed)
         self._storage = storage
@@ -210,7 +230,12 @@ class ReplayBuffer:
         self._open = self._layout_open()
         #: The buffer's ``threading.RLock`` with ``lock=True``, else None.
         self.lock = threading.RLock() if lock else None
+        #: The folder of a memmap buffer's files (``memmap=``), or None.
+        self._mapped = mapped
+        self._closed = False
         self._install()
+        if mapped is not None and not mapped.reopen:  # (ReplayBuffer.open registers it once it is loaded)
+            _mmap.register(self)
 
     def _layout_open(self) -> bool:
         return self._storage.spec is None or (self._obs_check is not None and self._obs_check.spec is None)
@@ -223,6 +248,10 @@ class ReplayBuffer:
         attrs = vars(self)
         for name in (*_NESTED, *_LOCKED):
             attrs.pop(name, None)
+        if attrs.get("_closed"):
+            for name in (*_NESTED, *_LOCKED):
+                setattr(self, name, functools.partial(_refuse_closed, name, self.memmap))
+            return
         # (methods shadowed deliberately: mypy refuses assigning to a method)
         if self._open or self._dicts:
             self._write = self._write_nested  # type: ignore[method-assign]
@@ -932,11 +961,62 @@ class ReplayBuffer:
         """
         return _format.load(cls, path, lock)
 
+    @property
+    def memmap(self) -> str | None:
+        """The folder holding a memmap buffer's files, or None for a buffer in RAM."""
+        return None if self._mapped is None else str(self._mapped.path)
+
+    def close(self) -> None:
+        """Finish with the buffer; afterwards every method raises ``ValueError``. A memmap buffer writes its
+        files' dirty pages, then the state kept in RAM (sampler, episode links, counter; the format of
+        :meth:`save` without the mapped arrays) to ``<folder>/state.npz``, then marks the folder closed, so
+        :meth:`open` reopens it exactly. A buffer in RAM is only marked closed. Closing twice does nothing.
+        ``with ReplayBuffer(...) as buf:`` closes on leaving the block."""
+        with self.lock if self.lock is not None else contextlib.nullcontext():
+            if self._closed:
+                return
+            if self._mapped is not None:
+                _mmap.close(self, self._mapped)
+            self._closed = True
+            self._install()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, *, lock: bool = False, warm: bool = False) -> ReplayBuffer:
+        """Reopen a memmap buffer that was closed (``ReplayBuffer(..., memmap=path)`` then :meth:`close`); its
+        next samples equal those the closed buffer would have drawn. The state file is checked as :meth:`load`
+        checks a file, and the mapped files against it (shape, dtype); the field data is not read. With
+        ``warm``, the files are read once, sequentially, before it returns, so their pages are in the page
+        cache: worth it when the buffer fits in RAM, since otherwise each sampled row not yet in the cache
+        costs a random read of its page (results/memmap.md measures both).
+
+        Raises:
+            FileNotFoundError: no memmap buffer at ``path``.
+            ValueError (naming ``path``): the buffer was not closed (its process was killed or crashed, or is
+                still using it), or its state or files are damaged.
+        """
+        check_bool(warm, "warm")  # (before the folder is marked open)
+        check_bool(lock, "lock")
+        buf = _format.open_mapped(cls, path, lock)
+        if warm:
+            cast(MappedFolder, buf._mapped).warm()
+        return buf
+
+    def __enter__(self) -> ReplayBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 _LOCKED = ("add", "extend", "sample", "get", "update_priorities", "set_priorities", "probabilities",
            "priorities", "predecessors", "save", "end_episodes", "mass_totals")
 #: Methods that buffers with dict fields shadow with instance attributes (``ReplayBuffer._install``).
 _NESTED = ("_write", "add", "extend", "sample", "get")
+
+
+def _refuse_closed(method: str, folder: str | None, *args: Any, **kwargs: Any) -> Any:
+    where = f" (its files: {folder!r}; ReplayBuffer.open reopens it)" if folder is not None else ""
+    raise ValueError(f"{method}: the buffer is closed{where}")
 
 
 def _locked(method, lock):

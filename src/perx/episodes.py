@@ -46,6 +46,7 @@ from typing import Any, cast
 import numpy as np
 from numba import njit
 
+from perx._mmap import MappedFileError, MappedFolder
 from perx._nested import DictLayout, same_rows
 from perx.validation import _short, check_bool, check_choice, check_positive_int, check_real, to_numpy
 
@@ -272,6 +273,9 @@ class EpisodeStore:
         self.obs_spec: tuple[tuple[int, ...], np.dtype] | None = None
         self.units = self.final_units = self.head_units = None  # type: ignore[assignment]  # until allocate()
         self.final_free = np.empty(0, np.int64)
+        #: The folder whose file holds the observation ring (``ReplayBuffer(memmap=...)``), or None: in RAM.
+        #: Only the ring is mapped: it is capacity-sized; the links, head and final observations stay in RAM.
+        self.mapped: MappedFolder | None = None
 
     # layouts -------------------------------------------------------------------------------------
     def check_spec(self, spec: dict) -> None:
@@ -314,9 +318,12 @@ class EpisodeStore:
         self.check_obs(obs_shape, dtype)
         unit = obs_shape[1:] if cfg.frame_stack else obs_shape
         try:
-            units = np.zeros((self.ring, *unit), dtype)
+            units = np.zeros((self.ring, *unit), dtype) if self.mapped is None else \
+                self.mapped.array("units", (self.ring, *unit), np.dtype(dtype))
             head_units = np.zeros((cfg.streams, *unit), dtype)
             final_units = np.zeros((max(16, cfg.streams), *unit), dtype)
+        except MappedFileError:
+            raise
         except (MemoryError, ValueError) as err:
             raise MemoryError(f"capacity: cannot allocate {self.ring} observations of shape {unit} {dtype} "
                               f"({type(err).__name__})") from None
@@ -618,7 +625,9 @@ class EpisodeStore:
         """Ids whose observation units are still in the ring, oldest first."""
         return np.arange(max(0, next_id - self.ring), next_id, dtype=np.int64)
 
-    def state_dict(self, size: int, next_id: int) -> tuple[dict, dict[str, np.ndarray]]:
+    def state_dict(self, size: int, next_id: int, *, with_units: bool = True) -> tuple[dict, dict[str, np.ndarray]]:
+        """(metadata, arrays) of the episode state; without ``with_units`` (a memmap buffer's state file) the
+        observation ring is left out: it is the buffer's file."""
         meta = {"config": self.cfg.config(),
                 "obs_spec": None if self.obs_spec is None else [list(self.obs_spec[0]), self.obs_spec[1].str]}
         arrays = {"succ": self.succ[:size], "stream": self.stream[:size], "head": self.head,
@@ -630,15 +639,17 @@ class EpisodeStore:
             arrays["final_units"] = self.final_units[used[has]]
             arrays["final_slots"] = np.flatnonzero(has).astype(np.int64)
             ring_ids = self._ring_ids(next_id) % self.ring
-            arrays["units"] = self.units[ring_ids]  # in id order, only what was written
+            if with_units:
+                arrays["units"] = self.units[ring_ids]  # in id order, only what was written
             arrays["head_units"] = self.head_units
             if self.cfg.frame_stack:
                 arrays["rpred"] = self.rpred[ring_ids]
         return meta, arrays
 
     def load_state_dict(self, meta: dict, arrays: dict[str, np.ndarray], size: int, next_id: int,
-                        storage: dict[str, np.ndarray]) -> None:
-        """Restore from :meth:`state_dict`, checking every value (the file is untrusted)."""
+                        storage: dict[str, np.ndarray], *, with_units: bool = True) -> None:
+        """Restore from :meth:`state_dict`, checking every value (the file is untrusted). Without ``with_units``
+        the observation ring is already in place (a reopened memmap buffer's file)."""
         from perx.samplers.base import check_array, check_keys
 
         cfg = self.cfg
@@ -654,7 +665,7 @@ class EpisodeStore:
             self.allocate(shape, dtype)
         elif cfg.shared and next_id:
             raise ValueError("episodes: observations are missing for the stored steps")
-        expected = self.state_dict(size, next_id)[1]
+        expected = self.state_dict(size, next_id, with_units=with_units)[1]
         check_keys(arrays, expected, "episode arrays")
         for name, arr in expected.items():
             if name not in ("final_units", "final_slots"):
@@ -722,7 +733,8 @@ class EpisodeStore:
                 raise ValueError("rpred: a frame's predecessor must be an earlier id, or -1")
             self._check_frame_links(p, ring_ids, ids, stream, next_id)
             self.rpred[ring_ids % self.ring] = p
-        self.units[ring_ids % self.ring] = arrays["units"]
+        if with_units:
+            self.units[ring_ids % self.ring] = arrays["units"]
         self.head_units[:] = arrays["head_units"]
         self.final[:] = -1
         where = self._take_final(len(final_slots)) if len(final_slots) else np.empty(0, np.int64)

@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 import numpy as np
 from numba import njit
 
+from perx._mmap import MappedFileError, MappedFolder
 from perx._prefetch import AHEAD, prefetch
 from perx.validation import _short, check_capacity, to_numpy
 
@@ -139,8 +140,10 @@ class Storage:
             fields, shapes and dtypes (Python floats become float64, ints int64, bools bool).
     """
 
-    def __init__(self, capacity: int, spec: Mapping | None = None) -> None:
+    def __init__(self, capacity: int, spec: Mapping | None = None, *, mapped: MappedFolder | None = None) -> None:
         self.capacity = check_capacity(capacity)
+        #: The folder whose files hold the arrays (``ReplayBuffer(memmap=...)``), or None: in RAM.
+        self.mapped = mapped
         self.next_id = 0
         self.spec: dict[str, FieldSpec] | None = None
         self.data: dict[str, np.ndarray] = {}
@@ -159,6 +162,11 @@ class Storage:
     # The layout is rebuilt from the spec too (it is a function of it), so a copy has its own: batches sampled
     # from the original cannot be refilled by the copy (``sample(out=...)``).
     def __getstate__(self) -> dict:
+        mapped = self.__dict__.get("mapped")
+        if mapped is not None:
+            raise TypeError(f"a memmap buffer's storage ({str(mapped.path)!r}) cannot be pickled or copied: its "
+                            f"rows live in files; write a portable copy with save(), or close() it and "
+                            f"ReplayBuffer.open() the folder")
         state = dict(self.__dict__)
         for derived in ("_rows64", "_flat", "_layout", "_one"):
             state.pop(derived, None)
@@ -200,9 +208,13 @@ class Storage:
         # Allocate everything before publishing the spec, so a failure leaves the storage as it was.
         try:
             layout = _RowLayout(spec)
-            rows = np.zeros((self.capacity, layout.row_bytes), np.uint8)
-            apart = {name: np.zeros((self.capacity, *f.shape), f.dtype) for name, f in spec.items()
-                     if name not in layout.offset}
+            rows = np.zeros((self.capacity, layout.row_bytes), np.uint8) if self.mapped is None else \
+                self.mapped.array("rows", (self.capacity, layout.row_bytes), np.dtype(np.uint8))
+            apart = {name: (np.zeros((self.capacity, *f.shape), f.dtype) if self.mapped is None else
+                            self.mapped.array(f"apart-{k}", (self.capacity, *f.shape), f.dtype))
+                     for k, (name, f) in enumerate(spec.items()) if name not in layout.offset}
+        except MappedFileError:
+            raise
         except (MemoryError, ValueError) as err:
             raise MemoryError(
                 f"capacity: cannot allocate {self.capacity} transitions of "

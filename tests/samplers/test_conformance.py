@@ -1,10 +1,31 @@
-"""The contract every sampler keeps inside a ReplayBuffer (run against each entry of conftest.SAMPLERS)."""
+"""The contract every sampler keeps inside a ReplayBuffer (run against each entry of conftest.SAMPLERS), on
+storage in RAM and on memmap storage (files on disk, ``ReplayBuffer(memmap=...)``)."""
+
+import itertools
 
 import numpy as np
 import pytest
 
 import perx
 from tests.conftest import DETERMINISTIC, SAMPLERS, assert_same, filled, snapshot, transitions
+
+
+@pytest.fixture(autouse=True, params=["ram", "memmap"])
+def storage(request, tmp_path, monkeypatch):
+    """With "memmap", every buffer these tests build (``ReplayBuffer.load``'s too) keeps its fields in a new
+    folder of files under tmp_path."""
+    if request.param == "memmap":
+        folders = itertools.count()
+        build = perx.ReplayBuffer.__init__
+
+        def on_disk(self, *args, memmap=None, **kwargs):
+            build(self, *args, memmap=tmp_path / f"memmap-{next(folders)}" if memmap is None else memmap, **kwargs)
+
+        monkeypatch.setattr(perx.ReplayBuffer, "__init__", on_disk)
+        yield request.param
+        monkeypatch.undo()
+    else:
+        yield request.param
 
 
 def test_sampling_an_empty_buffer_is_refused(make_sampler):

@@ -1,0 +1,224 @@
+"""A buffer's large arrays kept in files on disk (``ReplayBuffer(..., memmap=folder)``).
+
+The folder holds one ``.npy`` file per large array, mapped into memory with ``np.lib.format.open_memmap``: the
+storage's rows (``rows.npy``; fields kept apart, ``apart-<k>.npy``) and, in an episodic buffer that stores
+observations once, the observation ring (``units.npy``). Everything else (the sampler's trees and priorities,
+episode links, the counter) stays in RAM and is written to ``state.npz`` (the format of ``ReplayBuffer.save``
+without those members) when the buffer is closed. The operating system pages the mapped files in and out, so a
+buffer may be larger than RAM; what sampling costs then depends on how much of the file the page cache holds
+(benchmarks/bench_memmap.py).
+
+Reopening (``ReplayBuffer.open``) is exact after ``close()`` (or a normal interpreter exit, which closes every
+open memmap buffer) and refused otherwise. While a process has the buffer open, the folder holds ``open.json``
+(host, pid); ``close()`` writes the state and then removes it. A folder that still has it after its process
+has gone was not closed: the process was killed or crashed, rows it was writing may be torn and the
+priorities since the last close are lost, and nothing on disk says which rows are intact; so it is refused,
+naming the process. (An exact recovery to an earlier point would need a write-ahead log of every row the ring
+overwrites: a second copy of the data, which is what a memmap buffer exists to avoid.)
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import mmap
+import os
+import socket
+import time
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from perx.buffer import ReplayBuffer
+
+STATE = "state.npz"
+MARKER = "open.json"
+
+
+class MappedFileError(ValueError):
+    """A file of a reopened memmap buffer that is not what its state needs (the message names it)."""
+
+
+def _host() -> str:
+    return socket.gethostname() or "host"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else (or cannot tell)
+    return True
+
+
+class MappedFolder:
+    """The files of one memmap buffer (internal; ``ReplayBuffer`` owns one).
+
+    Args:
+        path: the folder. New (``reopen=False``): it must not exist or be empty. Reopened: it must hold a
+            closed buffer (``state.npz`` and no ``open.json``).
+    """
+
+    def __init__(self, path: str | os.PathLike, *, reopen: bool) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"memmap: expected a folder path (str or os.PathLike), got {path!r}")
+        self.path = Path(path)
+        self.reopen = reopen
+        self.closed = False
+        self.arrays: dict[str, np.memmap] = {}
+        self.created: list[Path] = []  # what this object created, for discard()
+        if reopen:
+            self._check_closed()
+            if not (self.path / STATE).is_file():
+                raise FileNotFoundError(f"path: {str(self.path)!r} holds no memmap buffer (no {STATE})")
+        elif self.path.exists():
+            if not self.path.is_dir():
+                raise FileExistsError(f"memmap: {str(self.path)!r} is a file, not a folder")
+            if any(self.path.iterdir()):
+                raise FileExistsError(
+                    f"memmap: the folder {str(self.path)!r} is not empty; a new memmap buffer needs an empty or new "
+                    f"folder (to reopen a closed one: ReplayBuffer.open({str(self.path)!r}))")
+        else:
+            missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
+            self.path.mkdir(parents=True)
+            self.created += missing  # deepest first: removed in this order by discard()
+        self._mark()
+
+    def _check_closed(self) -> None:
+        marker = self.path / MARKER
+        try:
+            info = json.loads(marker.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError):
+            info = {}
+        host, pid = info.get("host", "?"), info.get("pid", -1)
+        since = info.get("opened", "?")
+        if host == _host() and isinstance(pid, int) and _alive(pid):
+            raise ValueError(f"path: the memmap buffer at {str(self.path)!r} is open in process {pid} on this host "
+                             f"(since {since}); close it there first")
+        raise ValueError(
+            f"path: the memmap buffer at {str(self.path)!r} was not closed: process {pid} on host {host!r} opened it "
+            f"at {since} and stopped without close() (killed or crashed). Rows it was writing may be torn and its "
+            f"priorities since the last close are lost, and nothing on disk says which rows are intact, so it "
+            f"cannot be reopened exactly. Start a new buffer (or load a file written by save())")
+
+    def _mark(self) -> None:
+        info = {"host": _host(), "pid": os.getpid(), "opened": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        tmp = self.path / f".{MARKER}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(info))
+        os.replace(tmp, self.path / MARKER)
+        _fsync_dir(self.path)
+
+    def array(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """The array ``name`` of ``shape`` and ``dtype``: a new zero-filled file (sparse where the file system
+        allows), or in a reopened folder the existing one, which must match. Returned as a plain ndarray
+        over the mapping (the compiled kernels take no ndarray subclass)."""
+        dtype = np.dtype(dtype)
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize == 0:
+            return np.zeros(shape, dtype)  # nothing to keep (a zero-byte field): mmap refuses empty files
+        file = self.path / f"{name}.npy"
+        if self.reopen:  # (ReplayBuffer.open clears ``reopen`` once the state is loaded: later fields are new)
+            if not file.exists():
+                raise MappedFileError(f"path: {str(file)!r} is missing; the buffer's state needs {dtype}{list(shape)}")
+            try:
+                mm = np.lib.format.open_memmap(file, mode="r+")
+            except (OSError, ValueError) as err:
+                raise MappedFileError(f"path: {str(file)!r} is not a readable .npy array ({err})") from None
+            if mm.shape != tuple(shape) or mm.dtype != dtype:
+                raise MappedFileError(f"path: {str(file)!r} holds {mm.dtype}{list(mm.shape)}, but the buffer's "
+                                      f"state needs {dtype}{list(shape)}")
+        else:
+            try:
+                mm = np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=tuple(shape))
+            except OSError as err:
+                raise MemoryError(f"memmap: cannot create {str(file)!r} for {dtype}{list(shape)} "
+                                  f"({int(np.prod(shape, dtype=np.int64)) * dtype.itemsize / 2**30:.3g} GiB): "
+                                  f"{err}") from None
+            self.created.insert(0, file)
+        # Replay reads rows at random: without this, each page fault reads the device's whole read-ahead
+        # window around the page (8 MB on this project's test machine), so a buffer larger than RAM would read
+        # megabytes per sampled row (benchmarks/bench_memmap.py measures both)
+        raw = getattr(mm, "_mmap", None)
+        if raw is not None and hasattr(mmap, "MADV_RANDOM"):
+            raw.madvise(mmap.MADV_RANDOM)
+        self.arrays[name] = mm
+        return mm.view(np.ndarray)
+
+    def warm(self) -> None:
+        """Read every mapped file once, sequentially, so its pages are in the page cache (when they fit in RAM):
+        the fast way back to warm sampling after a reopen, since random page faults read one page each.
+        (``posix_fadvise(WILLNEED)`` would not do: Linux reads only one read-ahead window for it, 8 MB on the
+        benchmark machine.)"""
+        chunk = bytearray(1 << 24)
+        for name in self.arrays:
+            with open(self.path / f"{name}.npy", "rb", buffering=0) as f:
+                while f.readinto(chunk):
+                    pass
+
+    def discard(self) -> None:
+        """Remove what this object created (files, then folders) and its marker: a buffer refused while it was
+        being built leaves nothing behind."""
+        self.arrays.clear()
+        (self.path / MARKER).unlink(missing_ok=True)
+        for p in self.created:
+            try:
+                p.rmdir() if p.is_dir() else p.unlink()
+            except OSError:
+                pass
+
+    def flush(self) -> None:
+        """Write every mapped array's dirty pages to its file (msync)."""
+        for mm in self.arrays.values():
+            mm.flush()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(mm.nbytes for mm in self.arrays.values())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def close(buf: ReplayBuffer, folder: MappedFolder) -> None:
+    """Flush the mapped arrays, write ``state.npz`` (atomically), then remove ``open.json``: from then on the
+    folder reopens exactly. The order matters: the state never describes rows not yet on disk."""
+    from perx import _format
+
+    folder.flush()
+    _format.save(buf, folder.path / STATE, mapped=True)
+    (folder.path / MARKER).unlink(missing_ok=True)
+    _fsync_dir(folder.path)
+    folder.closed = True
+
+
+#: Open memmap buffers, closed at a normal interpreter exit (a killed process leaves its marker: refused).
+_open: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def register(buf: ReplayBuffer) -> None:
+    _open.add(buf)
+
+
+@atexit.register
+def _close_all() -> None:
+    for buf in list(_open):
+        try:
+            buf.close()
+        except Exception:  # at exit: close what can be closed; a failure leaves its marker
+            pass
