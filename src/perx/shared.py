@@ -1,0 +1,282 @@
+"""One replay buffer fed by several processes on one machine, through shared memory (no Ray, no GIL shared).
+
+The learner process owns a :class:`perx.ReplayBuffer` (any sampler; in RAM or ``memmap=``) and a
+:class:`SharedReplay` around it. Each actor process gets a :class:`SharedWriter` (``hub.writer(k)``, passed to
+the process as an argument) and calls ``add``/``extend`` exactly as on a buffer. Each writer has a ring of its
+own in shared memory (a file in ``/dev/shm``, mapped by both processes): it validates and converts a batch in its
+own process (the buffer's checks: fields, shapes, dtypes, ranges), copies the rows into free ring slots, then
+publishes them by advancing the ring's head. The learner's :meth:`SharedReplay.pull` (``sample`` calls it first)
+moves every published row into the buffer with ``extend``, where it gets its id and maximal priority, and frees
+the slots. So the sampler, its trees and every priority update stay in one process, and the buffer's own
+invariants (no torn rows, sums equal to fsum, stale updates skipped) hold as they do in one process.
+
+Why rings per writer rather than one shared buffer: a writer never waits for another, and a writer killed at
+any instant cannot corrupt anything. Its head is advanced only after its rows are written, under a lock that
+only that writer and the learner take (a lock's release and acquire are the memory barriers that make the rows
+visible before the head); rows it was writing when killed are never published, and a lock it died holding is
+detected (the learner's acquire times out, and the writer's process is gone), after which the learner drops
+that ring. A writer whose ring is full waits for the learner (back-pressure) and gives up with an error if the
+learner's process has gone.
+
+Cost: each transition is copied twice (into the ring, then into the buffer); at 80 bytes a row that is far below
+what sampling costs (benchmarks/bench_shared.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import secrets
+import tempfile
+import time
+import weakref
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from perx.storage import FieldSpec, Storage, _RowLayout
+from perx.validation import _short, check_positive_int
+
+# Ring header (int64): published head, consumed tail, writer pid, learner pid.
+_HEAD, _TAIL, _WRITER, _LEARNER = 0, 1, 2, 3
+_HEADER = 64  # bytes before the rows (one cache line)
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _shm_dir() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+def _unlink(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+class _Ring:
+    """A ring of ``size`` rows of the buffer's row layout in a mapped file, with its header."""
+
+    def __init__(self, path: str, spec: dict[str, FieldSpec], size: int, *, create: bool) -> None:
+        self.path, self.size = path, size
+        layout = _RowLayout(spec)
+        nbytes = _HEADER + size * layout.row_bytes
+        self.mm = np.memmap(path, np.uint8, mode="w+" if create else "r+", shape=(nbytes,))
+        self.header = self.mm[:8 * 8].view(np.int64)
+        rows = self.mm[_HEADER:].reshape(size, layout.row_bytes)
+        self.fields = {}
+        for name, f in spec.items():
+            start = layout.offset[name]
+            self.fields[name] = rows[:, start : start + layout.size[name]].view(f.dtype).reshape(size, *f.shape)
+
+
+class SharedWriter:
+    """An actor process's handle on a :class:`SharedReplay` (picklable: pass it to the process).
+
+    ``add(**transition)`` and ``extend(**transitions)`` take what ``ReplayBuffer.add``/``extend`` take (plain
+    fields, no ``stream``) and refuse what they refuse, in the writer's process and before anything is written.
+    They return once the rows are published (not when the learner has pulled them; ids are given by the
+    learner's buffer). A full ring makes them wait for the learner; ``timeout`` (seconds, None: forever) bounds
+    that wait (``TimeoutError``), and a learner process that has gone raises ``RuntimeError``.
+    """
+
+    def __init__(self, path: str, spec: dict[str, FieldSpec], size: int, lock: Any, index: int) -> None:
+        self._path, self._spec, self._size, self._lock, self.index = path, spec, size, lock, index
+        self._ring: _Ring | None = None
+        self._check: Storage | None = None
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_ring", "_check")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._ring = self._check = None
+
+    def _attach(self) -> _Ring:
+        ring = _Ring(self._path, self._spec, self._size, create=False)
+        with self._lock:
+            ring.header[_WRITER] = os.getpid()
+        self._check = Storage(1, self._spec)
+        self._ring = ring
+        return ring
+
+    def add(self, **transition: Any) -> None:
+        if self._check is None:
+            self._attach()
+        arrays, _, _ = self._check.prepare(transition, batched=False)  # type: ignore[union-attr]
+        self._publish({k: a[None] for k, a in arrays.items()}, 1, None)
+
+    def extend(self, *, timeout: float | None = None, **transitions: Any) -> None:
+        if self._check is None:
+            self._attach()
+        arrays, rows, _ = self._check.prepare(transitions, batched=True)  # type: ignore[union-attr]
+        for start in range(0, rows, self._size):
+            part = {k: a[start : start + self._size] for k, a in arrays.items()}
+            self._publish(part, min(self._size, rows - start), timeout)
+
+    def _publish(self, arrays: Mapping[str, np.ndarray], n: int, timeout: float | None) -> None:
+        ring = self._ring if self._ring is not None else self._attach()
+        header, size = ring.header, self._size
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = 1e-4
+        learner = int(header[_LEARNER])
+        while True:
+            with self._held(learner):
+                head, tail = int(header[_HEAD]), int(header[_TAIL])
+            if size - (head - tail) >= n:
+                break
+            if not _alive(learner):
+                raise RuntimeError(f"SharedWriter {self.index}: the learner's process {learner} has gone; nothing "
+                                   f"pulls this ring")
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"SharedWriter {self.index}: the ring stayed full for {timeout} s (the learner "
+                                   f"pulls more slowly than the actors add)")
+            time.sleep(wait)
+            wait = min(2 * wait, 0.01)
+        first = head % size
+        cut = min(n, size - first)
+        for name, arr in arrays.items():  # rows beyond the head: the learner reads none of them yet
+            dst = ring.fields[name]
+            dst[first : first + cut] = arr[:cut]
+            if cut < n:
+                dst[: n - cut] = arr[cut:n]
+        with self._held(learner):  # publish: the release makes the rows visible before the new head
+            header[_HEAD] = head + n
+
+    @contextlib.contextmanager
+    def _held(self, learner: int) -> Iterator[None]:
+        """The ring's lock; RuntimeError if the learner's process dies holding it."""
+        while not self._lock.acquire(timeout=1.0):
+            if not _alive(learner):
+                raise RuntimeError(f"SharedWriter {self.index}: the learner's process {learner} has gone")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+
+class SharedReplay:
+    """The learner's side: ``buffer`` fed by ``writers`` actor processes through rings of ``ring`` rows each.
+
+    Args:
+        buffer: the buffer (its fields fixed: ``spec=`` or a first add; plain fields, no episodes). Used by the
+            learner's process only; call :meth:`pull` (or :meth:`sample`, which pulls first) to take in what the
+            writers published.
+        writers: number of writer handles (``writer(k)``, k < writers).
+        ring: rows per writer ring (memory: ``ring * row_bytes`` per writer, in ``/dev/shm``).
+        context: the ``multiprocessing`` context the actor processes are started with (its locks must match);
+            default ``multiprocessing.get_context()``.
+        lock_timeout: seconds the learner waits for a ring's lock before checking whether its writer died
+            holding it (then the ring is dropped: :attr:`dropped`).
+    """
+
+    def __init__(self, buffer: Any, writers: int, *, ring: int = 65_536, context: Any = None,
+                 lock_timeout: float = 1.0) -> None:
+        from perx.buffer import ReplayBuffer
+
+        if not isinstance(buffer, ReplayBuffer):
+            raise TypeError(f"buffer: expected a perx.ReplayBuffer, got {_short(buffer)}")
+        writers = check_positive_int(writers, "writers")
+        ring = check_positive_int(ring, "ring")
+        spec = buffer.spec
+        if spec is None:
+            raise ValueError("buffer: its fields are not fixed yet; build it with spec= (or add once) first")
+        if buffer.episodes is not None or any(isinstance(f, dict) for f in spec.values()):
+            raise ValueError("buffer: SharedReplay takes plain fields only (no episodes, no dict fields)")
+        flat: dict[str, FieldSpec] = {k: f for k, f in spec.items() if isinstance(f, FieldSpec)}
+        if _RowLayout(flat).loose:
+            raise ValueError(f"buffer: every field must take bytes in a row; got {_short(spec)}")
+        ctx = context if context is not None else multiprocessing.get_context()
+        self.buffer = buffer
+        self._spec = flat
+        self._size = ring
+        self._lock_timeout = float(lock_timeout)
+        tag = f"perx-shared-{os.getpid()}-{secrets.token_hex(4)}"
+        self._rings: list[_Ring] = []
+        self._locks = []
+        try:
+            for k in range(writers):
+                path = str(Path(_shm_dir()) / f"{tag}-{k}")
+                r = _Ring(path, flat, ring, create=True)
+                r.header[_LEARNER] = os.getpid()
+                self._rings.append(r)
+                self._locks.append(ctx.Lock())
+        except BaseException:
+            self.close()
+            raise
+        # the rings' files go when this object does (or at exit), if close() was not called
+        self._finalizer = weakref.finalize(self, _unlink, [r.path for r in self._rings])
+        #: Indices of rings dropped because their writer died holding the ring's lock.
+        self.dropped: list[int] = []
+        #: Rows pulled from each writer so far.
+        self.pulled = [0] * writers
+
+    def writer(self, k: int) -> SharedWriter:
+        """The handle for actor k (pass it to that process; one process per handle)."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 0 <= k < len(self._rings):
+            raise ValueError(f"k: expected an int in [0, {len(self._rings)}), got {_short(k)}")
+        return SharedWriter(self._rings[k].path, self._spec, self._size, self._locks[k], int(k))
+
+    def pull(self) -> int:
+        """Move every row the writers have published into the buffer (``extend``, in ring order per writer);
+        returns how many. O(rows pulled)."""
+        total = 0
+        for k, ring in enumerate(self._rings):
+            if k in self.dropped:
+                continue
+            lock = self._locks[k]
+            if not lock.acquire(timeout=self._lock_timeout):
+                if not _alive(int(ring.header[_WRITER])):
+                    self.dropped.append(k)  # its writer died holding the lock: nothing more comes from it
+                continue
+            try:
+                head, tail = int(ring.header[_HEAD]), int(ring.header[_TAIL])
+            finally:
+                lock.release()
+            n = head - tail
+            if n == 0:
+                continue
+            first = tail % self._size
+            cut = min(n, self._size - first)
+            self.buffer.extend(**{name: f[first : first + cut] for name, f in ring.fields.items()})
+            if cut < n:
+                self.buffer.extend(**{name: f[: n - cut] for name, f in ring.fields.items()})
+            with lock:  # free the slots only after their rows are copied out
+                ring.header[_TAIL] = head
+            self.pulled[k] += n
+            total += n
+        return total
+
+    def sample(self, batch_size: int, beta: float = 1.0, **kwargs: Any) -> Any:
+        """:meth:`pull`, then ``buffer.sample``."""
+        self.pull()
+        return self.buffer.sample(batch_size, beta, **kwargs)
+
+    def update_priorities(self, indices: Any, td_errors: Any) -> int:
+        return self.buffer.update_priorities(indices, td_errors)
+
+    def close(self) -> None:
+        """Remove the rings' files (writers still attached keep their mappings until they exit)."""
+        _unlink([r.path for r in self._rings])
+        self._rings = []
+
+    def __enter__(self) -> SharedReplay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,170 @@
+"""perx.shared: actor processes feeding one learner's buffer through shared-memory rings."""
+
+import multiprocessing
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import perx
+from perx.shared import SharedReplay
+from tests.conftest import SAMPLERS
+
+pytestmark = pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork")
+CTX = multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
+SPEC = {"obs": ((4,), np.float32), "next_obs": ((4,), np.float32), "writer": ((), np.int64),
+        "seq": ((), np.int64), "reward": ((), np.float64)}
+
+
+def _rows(k, seq):
+    """Rows that identify themselves: obs repeats seq, next_obs = obs + 1, reward = k * 1e6 + seq."""
+    obs = np.repeat(seq[:, None], 4, axis=1).astype(np.float32)
+    return {"obs": obs, "next_obs": obs + 1, "writer": np.full(len(seq), k, np.int64), "seq": seq,
+            "reward": k * 1e6 + seq.astype(np.float64)}
+
+
+def _actor(w, k, n, chunk, pause):
+    rng = np.random.default_rng(k)
+    start = 0
+    while start < n:
+        m = min(n - start, int(rng.integers(1, chunk + 1)))
+        if m == 1 and rng.random() < 0.5:
+            w.add(**{name: a[0] for name, a in _rows(k, np.arange(start, start + 1)).items()})
+        else:
+            w.extend(**_rows(k, np.arange(start, start + m)))
+        start += m
+        if pause:
+            time.sleep(pause)
+
+
+def _consistent(batch):
+    seq = batch["seq"].astype(np.float32)
+    np.testing.assert_array_equal(batch["obs"], np.repeat(seq[:, None], 4, axis=1))  # no torn row
+    np.testing.assert_array_equal(batch["next_obs"], batch["obs"] + 1)
+    np.testing.assert_array_equal(batch["reward"], batch["writer"] * 1e6 + batch["seq"])
+
+
+def _learn(hub, procs, rng):
+    deadline = time.monotonic() + 120
+    while any(p.is_alive() for p in procs) or hub.pull():
+        assert time.monotonic() < deadline, "the learner did not finish in 120 s"
+        hub.pull()
+        if len(hub.buffer) >= 32:
+            batch = hub.sample(32, 0.5)
+            _consistent(batch)
+            hub.pull()  # more rows land (overwriting some sampled ones) before the update: stale ids skipped
+            hub.update_priorities(batch.indices, rng.standard_normal(32))
+
+
+@pytest.mark.parametrize("name", ["proportional", "rank", "lap", "uniform"])
+def test_writer_processes_feed_one_buffer_with_no_torn_rows_and_every_invariant_kept(name):
+    buf = perx.ReplayBuffer(2000, SAMPLERS[name](), seed=0, spec=SPEC)
+    n = 3000
+    with SharedReplay(buf, 3, ring=50, context=CTX) as hub:  # batches of up to 64 rows: published in parts
+        procs = [CTX.Process(target=_actor, args=(hub.writer(k), k, n, 64, 0.0)) for k in range(3)]
+        for p in procs:
+            p.start()
+        _learn(hub, procs, np.random.default_rng(0))
+        for p in procs:
+            p.join(30)
+            assert p.exitcode == 0
+        assert hub.pull() == 0 and hub.pulled == [n, n, n] and buf.next_index == 3 * n
+    live = buf.get(np.arange(buf.next_index - len(buf), buf.next_index))
+    _consistent(live)
+    for k in range(3):  # each writer's rows arrive in its order, none lost or repeated
+        seq = live["seq"][live["writer"] == k]
+        np.testing.assert_array_equal(seq, np.arange(n - len(seq), n))
+    if isinstance(buf.sampler, perx.Proportional):
+        sampler = buf.sampler
+        for now, rebuilt in zip((sampler._mass, sampler._heap), sampler._rebuilt(len(buf)), strict=True):
+            np.testing.assert_array_equal(now, rebuilt)  # the trees equal trees rebuilt from the masses
+
+
+def test_a_killed_writer_corrupts_nothing_and_the_others_go_on(tmp_path):
+    buf = perx.ReplayBuffer(50_000, perx.Proportional(), seed=0, spec=SPEC)
+    n = 4000
+    with SharedReplay(buf, 3, ring=128, context=CTX) as hub:
+        procs = [CTX.Process(target=_actor, args=(hub.writer(k), k, n, 16, 0.002)) for k in range(3)]
+        for p in procs:
+            p.start()
+        time.sleep(0.3)
+        os.kill(procs[1].pid, signal.SIGKILL)  # at whatever instant it has reached
+        _learn(hub, procs, np.random.default_rng(1))
+        assert procs[1].exitcode == -signal.SIGKILL
+        assert hub.pulled[0] == n and hub.pulled[2] == n and hub.pulled[1] < n
+    live = buf.get(np.arange(buf.next_index))
+    _consistent(live)
+    seq = live["seq"][live["writer"] == 1]
+    np.testing.assert_array_equal(seq, np.arange(len(seq)))  # a prefix of its rows, each whole
+
+
+def test_a_writer_killed_holding_its_lock_is_dropped_without_blocking_the_learner():
+    buf = perx.ReplayBuffer(1000, perx.Proportional(), seed=0, spec=SPEC)
+    with SharedReplay(buf, 2, ring=64, context=CTX, lock_timeout=0.2) as hub:
+        w = hub.writer(0)
+
+        def die_holding_the_lock(w):
+            w.extend(**_rows(0, np.arange(5)))
+            w._lock.acquire()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        p = CTX.Process(target=die_holding_the_lock, args=(w,))
+        p.start()
+        p.join(30)
+        other = CTX.Process(target=_actor, args=(hub.writer(1), 1, 300, 10, 0.0))
+        other.start()
+        t = time.monotonic()
+        while other.is_alive() or hub.pull():  # the other writer's rows keep coming while ring 0 is stuck
+            hub.pull()
+            assert time.monotonic() - t < 30
+        assert hub.dropped == [0] and hub.pulled == [0, 300]
+        t = time.monotonic()
+        hub.pull()
+        assert time.monotonic() - t < 0.1  # the dropped ring is not waited for again
+
+
+def test_bad_rows_are_refused_in_the_writer_and_nothing_is_published():
+    buf = perx.ReplayBuffer(100, perx.Uniform(), spec=SPEC)
+    with SharedReplay(buf, 1, ring=16, context=CTX) as hub:
+        w = hub.writer(0)  # used in this process: a writer needs no process of its own
+        rows = _rows(0, np.arange(3))
+        with pytest.raises(ValueError, match="missing"):
+            w.extend(**{k: v for k, v in rows.items() if k != "seq"})
+        with pytest.raises(ValueError, match=r"obs: expected shape \(batch, 4\)"):
+            w.extend(**{**rows, "obs": np.zeros((3, 5), np.float32)})
+        with pytest.raises(TypeError, match="seq: cannot cast dtype float64"):
+            w.extend(**{**rows, "seq": np.zeros(3)})
+        assert hub.pull() == 0 and len(buf) == 0
+        w.extend(**rows)
+        assert hub.pull() == 3
+        np.testing.assert_array_equal(buf.get(np.arange(3))["seq"], np.arange(3))
+
+
+def test_a_full_ring_times_out_and_a_gone_learner_is_reported():
+    buf = perx.ReplayBuffer(100, perx.Uniform(), spec=SPEC)
+    with SharedReplay(buf, 1, ring=8, context=CTX) as hub:
+        w = hub.writer(0)
+        w.extend(**_rows(0, np.arange(8)))
+        with pytest.raises(TimeoutError, match=r"the ring stayed full for 0\.2 s"):
+            w.extend(**_rows(0, np.arange(8, 10)), timeout=0.2)
+        assert hub.pull() == 8
+        w.extend(**_rows(0, np.arange(8, 10)), timeout=0.2)
+        w._ring.header[3] = 2**31 - 2  # a learner pid that is not running: a full ring must not wait forever
+        w.extend(**_rows(0, np.arange(10, 16)))
+        with pytest.raises(RuntimeError, match=r"the learner's process \d+ has gone"):
+            w.extend(**_rows(0, np.arange(16, 20)))
+
+
+def test_the_hub_refuses_what_it_cannot_share():
+    with pytest.raises(ValueError, match="buffer: its fields are not fixed yet"):
+        SharedReplay(perx.ReplayBuffer(10), 2)
+    with pytest.raises(ValueError, match="no episodes"):
+        SharedReplay(perx.ReplayBuffer(10, episodes=perx.Episodes(), spec={
+            "obs": (3, np.float32), "next_obs": (3, np.float32), "reward": ((), np.float32),
+            "terminated": ((), bool), "truncated": ((), bool)}), 2)
+    with pytest.raises(ValueError, match="writers: must be > 0"):
+        SharedReplay(perx.ReplayBuffer(10, spec=SPEC), 0)
+    with SharedReplay(perx.ReplayBuffer(10, spec=SPEC), 2) as hub, pytest.raises(ValueError, match=r"k: expected"):
+        hub.writer(2)
