@@ -729,13 +729,16 @@ class ReplayBuffer:
             rec: tuple[int, np.dtype] | Literal[False] | None = layout.records.get(batch_size, False)
             if rec is False:
                 rec = layout.record(batch_size)
-            if rec is not None and store is None and sampler.fuses_gather:
+            if rec is not None and sampler.fuses_gather:
                 raw = np.empty(rec[0], np.uint8)
                 sampler.sample_gather(batch_size, beta, size, storage.next_id, storage._rows64, layout.plan, raw)
                 arrays = layout.pick(np.ndarray((), rec[1], raw))
                 data = layout.as_dict(arrays)
                 batch = Batch(data, arrays[0], arrays[2], arrays[1])
-                batch._fill = [raw, layout, batch_size, arrays, data, None]
+                if store is None:
+                    batch._fill = [raw, layout, batch_size, arrays, data, None]
+                else:  # the rows came with the draw; the windows replace the fields they derive (no refill)
+                    store.gather(arrays[0], None, data, storage.data)
                 return batch
             slots, ids, probs, weights = sampler.sample(batch_size, beta, size, storage.next_id)
         else:

@@ -171,9 +171,11 @@ def _next_stacks(heads, streams, rpred, ring, units, head_units, k, zero_padding
 @njit(cache=True, nogil=True)
 def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, disc, steps, last, term, trunc,
             shared, units, rpred, ring, final_units, final, head_units, stream, k, zero_padding, obs, nxt):
-    """The n-step windows of ``ids`` (return, discount, steps, last id, how they ended) and, with shared
-    observations, the observations of ``ids`` and the next observations of the windows' last steps, copied
-    row by row into ``obs`` / ``nxt`` (2-D views: one row per unit; k rows per sample with frames)."""
+    """The n-step windows of ``ids`` (return, discount, steps, last id, how they ended) and, by ``shared``:
+    _STORED_NEXT, the stored next observations of the windows' last steps (``units``: the field's rows, one per
+    slot) copied into ``nxt``; _SHARED, the observations of ``ids`` and the next observations of the windows'
+    last steps, copied row by row into ``obs`` / ``nxt`` (2-D views: one row per unit; k rows per sample with
+    frames); _WINDOWS_ONLY, neither."""
     for b in range(ids.shape[0]):
         j = ids[b]
         g = 0.0
@@ -202,7 +204,10 @@ def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, d
         last[b] = j
         term[b] = ended_term
         trunc[b] = ended_trunc
-        if not shared:
+        if shared == _STORED_NEXT:
+            _copy_row(nxt, b, units, j % capacity)
+            continue
+        if shared != _SHARED:
             continue
         # where the window's next observation (or its newest frame) is
         s = j % capacity
@@ -227,13 +232,22 @@ def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, d
             _copy_row(nxt, b * k + k - 1, head_units, stream[s])
 
 
+def _rows_view(field: np.ndarray) -> np.ndarray:
+    """A 2-D view of a stored field (one row per slot, its elements in a row), never a copy: the field's
+    elements of a slot are contiguous (its bytes in the storage's rows)."""
+    view = field.view()
+    view.shape = (len(field), -1) if field.size else (len(field), 0)  # (raises rather than copy)
+    return view
+
+
 def _rows(arr: np.ndarray, count: int | None = None) -> np.ndarray:
     """A 2-D view of ``arr``: one row per unit (observation or frame)."""
     rows = len(arr) if count is None else count
     return arr.reshape(rows, -1) if arr.size else arr.reshape(rows, 0)
 
 
-_NO_UNITS = (False, np.zeros((1, 1)), np.zeros(1, np.int64), 1, np.zeros((1, 1)), np.zeros(1, np.int64),
+_WINDOWS_ONLY, _STORED_NEXT, _SHARED = 0, 1, 2
+_NO_UNITS = (_WINDOWS_ONLY, np.zeros((1, 1)), np.zeros(1, np.int64), 1, np.zeros((1, 1)), np.zeros(1, np.int64),
              np.zeros((1, 1)), np.zeros(1, np.int64), 0, False, np.zeros((1, 1)), np.zeros((1, 1)))
 
 
@@ -273,6 +287,8 @@ class EpisodeStore:
         self.obs_spec: tuple[tuple[int, ...], np.dtype] | None = None
         self.units = self.final_units = self.head_units = None  # type: ignore[assignment]  # until allocate()
         self.final_free = np.empty(0, np.int64)
+        #: (the stored next-observation field, its 2-D view): what the gather of stored mode copies from
+        self._next_rows: tuple[np.ndarray, np.ndarray] | None = None
         #: The folder whose file holds the observation ring (``ReplayBuffer(memmap=...)``), or None: in RAM.
         #: Only the ring is mapped: it is capacity-sized; the links, head and final observations stay in RAM.
         self.mapped: MappedFolder | None = None
@@ -598,21 +614,26 @@ class EpisodeStore:
         cfg = self.cfg
         cap = self.capacity
         count = len(ids)
-        ret, disc = np.empty(count), np.empty(count)
-        steps, last = np.empty(count, np.int64), np.empty(count, np.int64)
-        term, trunc = np.empty(count, np.bool_), np.empty(count, np.bool_)
+        floats, ints, flags = np.empty((2, count)), np.empty((2, count), np.int64), np.empty((2, count), np.bool_)
+        ret, disc, steps, last, term, trunc = floats[0], floats[1], ints[0], ints[1], flags[0], flags[1]
         out = (ret, disc, steps, last, term, trunc)
         if not cfg.shared:
+            # the stored next observations, copied at the windows' last steps in the same pass
+            source = storage[cfg.next_name]
+            cached = self.__dict__.get("_next_rows")  # (a store unpickled from an earlier perx has none)
+            if cached is None or cached[0] is not source:
+                cached = self._next_rows = (source, _rows_view(source))
+            nxt = np.empty((count, *source.shape[1:]), source.dtype)
             _gather(ids, self.succ, storage["reward"], storage["terminated"], storage["truncated"], cap,
-                    cfg.n_step, cfg.gamma, *out, *_NO_UNITS)
-            data[cfg.next_name] = storage[cfg.next_name][last % cap]
+                    cfg.n_step, cfg.gamma, *out, _STORED_NEXT, cached[1], *_NO_UNITS[2:-1], _rows(nxt, count))
+            data[cfg.next_name] = nxt
         else:
             shape = self.units.shape[1:]
             k = cfg.frame_stack or 1
             obs = np.empty((count, k, *shape) if cfg.frame_stack else (count, *shape), self.units.dtype)
             nxt = np.empty_like(obs)
             _gather(ids, self.succ, storage["reward"], storage["terminated"], storage["truncated"], cap,
-                    cfg.n_step, cfg.gamma, *out, True, _rows(self.units), self.rpred, self.ring,
+                    cfg.n_step, cfg.gamma, *out, _SHARED, _rows(self.units), self.rpred, self.ring,
                     _rows(self.final_units), self.final, _rows(self.head_units), self.stream,
                     cfg.frame_stack or 0, cfg.frame_padding == "zero", _rows(obs, count * k), _rows(nxt, count * k))
             data[cfg.obs] = obs
