@@ -607,7 +607,7 @@ class EpisodeStore:
         return where
 
     # sampling ------------------------------------------------------------------------------------
-    def gather(self, ids: np.ndarray, slots: np.ndarray, data: dict[str, np.ndarray],
+    def gather(self, ids: np.ndarray, slots: np.ndarray | None, data: dict[str, np.ndarray],
                storage: dict[str, np.ndarray]) -> None:
         """Add the episode fields of a batch to ``data`` (the rows of the stored fields at ``slots``):
         one compiled pass computes the windows and copies the observations."""
@@ -824,7 +824,7 @@ class DictEpisodeStore(EpisodeStore):
     def _which_key(self, a: np.ndarray, b: np.ndarray) -> str:
         return self.layout.which_key(a, b)
 
-    def gather(self, ids: np.ndarray, slots: np.ndarray, data: dict, storage: dict[str, np.ndarray]) -> None:
+    def gather(self, ids: np.ndarray, slots: np.ndarray | None, data: dict, storage: dict[str, np.ndarray]) -> None:
         super().gather(ids, slots, data, storage)
         unpack = self.layout.unpack
         for name in (self.cfg.obs, self.cfg.next_name):
