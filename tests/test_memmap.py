@@ -186,8 +186,11 @@ def test_damaged_files_are_refused_and_the_folder_stays_closed(tmp_path):
         perx.ReplayBuffer.open(tmp_path / "b")
     with pytest.raises(ValueError, match="a memmap buffer's state"):  # the state file is not a saved buffer
         perx.ReplayBuffer.load(_state_of_a_fresh_memmap_buffer(tmp_path / "c"))
-    with pytest.raises(FileNotFoundError, match="holds no memmap buffer"):
+    with pytest.raises(FileNotFoundError, match="is not a folder holding a memmap buffer"):
         perx.ReplayBuffer.open(tmp_path / "nothing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no memmap buffer"):
+        perx.ReplayBuffer.open(tmp_path / "empty")
 
 
 def _state_of_a_fresh_memmap_buffer(folder):
@@ -240,3 +243,61 @@ def test_a_process_that_exits_without_close_leaves_a_buffer_that_reopens(tmp_pat
     buf = perx.ReplayBuffer.open(tmp_path / "b")
     assert buf.next_index == 64 * 30 and len(buf) == 64 * 30
     np.testing.assert_array_equal(buf.get(np.arange(1900, 1920))["obs"][:, 0], np.arange(1900, 1920))
+
+
+def test_of_two_opens_at_once_exactly_one_gets_the_folder(tmp_path, monkeypatch):
+    buf = perx.ReplayBuffer(10, memmap=tmp_path / "b")
+    buf.extend(**transitions(3))
+    buf.close()
+    first = perx.ReplayBuffer.open(tmp_path / "b")
+    # the second passes the check before the first has marked the folder (the race): creating the marker fails
+    monkeypatch.setattr(perx._mmap.MappedFolder, "_check_closed", lambda self: None)
+    with pytest.raises(ValueError, match="is being opened by another process"):
+        perx.ReplayBuffer.open(tmp_path / "b")
+    monkeypatch.undo()
+    assert len(first) == 3
+    first.close()
+
+
+def test_a_forked_child_never_closes_its_parents_buffer(tmp_path):
+    buf = perx.ReplayBuffer(10, memmap=tmp_path / "b")
+    buf.extend(**transitions(2))
+    pid = os.fork()
+    if pid == 0:  # what a child's normal exit runs: the atexit close and garbage collection; both must pass
+        import gc
+
+        perx._mmap._close_all()
+        del buf
+        gc.collect()
+        os._exit(0)  # (not sys.exit: that would go on running pytest in the child)
+    os.waitpid(pid, 0)
+    assert (tmp_path / "b" / "open.json").exists() and not (tmp_path / "b" / "state.npz").exists()
+    buf.extend(**transitions(3, start=2))
+    buf.close()
+    assert len(perx.ReplayBuffer.open(tmp_path / "b")) == 5
+
+
+def test_a_buffer_dropped_without_close_is_closed_and_reopens(tmp_path):
+    def build():
+        buf = perx.ReplayBuffer(10, perx.Proportional(), memmap=tmp_path / "b")
+        buf.extend(**transitions(4))
+
+    build()
+    import gc
+
+    gc.collect()
+    assert len(perx.ReplayBuffer.open(tmp_path / "b")) == 4
+
+
+def test_a_file_that_cannot_be_created_leaves_no_folder(tmp_path):
+    with pytest.raises(MemoryError, match="memmap: cannot create"):
+        perx.ReplayBuffer(2**40, spec={"x": ((2**16,), np.uint8)}, memmap=tmp_path / "new" / "buf")
+    assert not (tmp_path / "new").exists()
+
+
+def test_opening_something_that_is_not_a_folder_says_so(tmp_path):
+    (tmp_path / "b.npz").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match="is not a folder holding a memmap buffer"):
+        perx.ReplayBuffer.open(tmp_path / "b.npz")
+    with pytest.raises(TypeError, match="path: expected a folder path"):
+        perx.ReplayBuffer.open(123)

@@ -168,3 +168,41 @@ def test_the_hub_refuses_what_it_cannot_share():
         SharedReplay(perx.ReplayBuffer(10, spec=SPEC), 0)
     with SharedReplay(perx.ReplayBuffer(10, spec=SPEC), 2) as hub, pytest.raises(ValueError, match=r"k: expected"):
         hub.writer(2)
+
+
+def test_a_writer_that_dies_holding_its_lock_while_the_learner_copies_does_not_block_the_learner():
+    buf = perx.ReplayBuffer(1000, perx.Proportional(), seed=0, spec=SPEC)
+    with SharedReplay(buf, 1, ring=64, context=CTX, lock_timeout=0.2) as hub:
+        w = hub.writer(0)
+        w.extend(**_rows(0, np.arange(5)))
+        extend = buf.extend
+
+        def extend_while_the_writer_dies(**fields):  # the writer takes its lock and is killed mid-pull
+            p = CTX.Process(target=lambda: (w._lock.acquire(), os.kill(os.getpid(), signal.SIGKILL)))
+            p.start()
+            p.join(30)
+            w._ring.header[2] = p.pid  # (it is the ring's writer now)
+            return extend(**fields)
+
+        buf.extend = extend_while_the_writer_dies
+        t = time.monotonic()
+        assert hub.pull() == 5
+        assert time.monotonic() - t < 10 and hub.dropped == [0] and len(buf) == 5
+
+
+def test_add_takes_a_timeout_and_a_closed_hub_stops_its_writers():
+    buf = perx.ReplayBuffer(100, perx.Uniform(), spec=SPEC)
+    hub = SharedReplay(buf, 1, ring=2, context=CTX)
+    w = hub.writer(0)
+    one = {name: a[0] for name, a in _rows(0, np.arange(1)).items()}
+    w.add(**one)
+    w.add(**one)
+    with pytest.raises(TimeoutError):
+        w.add(**one, timeout=0.1)
+    with pytest.raises(ValueError, match="timeout: expected seconds"):
+        w.add(**one, timeout=-1)
+    hub.close()
+    with pytest.raises(RuntimeError, match="has gone"):
+        w.add(**one)
+    with pytest.raises(ValueError, match="lock_timeout: expected seconds > 0"):
+        SharedReplay(buf, 1, lock_timeout=None)

@@ -23,6 +23,7 @@ import atexit
 import json
 import mmap
 import os
+import secrets
 import socket
 import time
 import weakref
@@ -40,6 +41,10 @@ MARKER = "open.json"
 
 class MappedFileError(ValueError):
     """A file of a reopened memmap buffer that is not what its state needs (the message names it)."""
+
+
+class MappedCreateError(MemoryError):
+    """A file of a new memmap buffer that could not be created (the message names it and the OS error)."""
 
 
 def _host() -> str:
@@ -66,13 +71,18 @@ class MappedFolder:
 
     def __init__(self, path: str | os.PathLike, *, reopen: bool) -> None:
         if not isinstance(path, (str, os.PathLike)):
-            raise TypeError(f"memmap: expected a folder path (str or os.PathLike), got {path!r}")
+            name = "path" if reopen else "memmap"
+            raise TypeError(f"{name}: expected a folder path (str or os.PathLike), got {path!r}")
         self.path = Path(path)
+        #: the process that opened it: only that process closes it at exit (a forked child does not)
+        self.pid = os.getpid()
         self.reopen = reopen
         self.closed = False
         self.arrays: dict[str, np.memmap] = {}
         self.created: list[Path] = []  # what this object created, for discard()
         if reopen:
+            if not self.path.is_dir():
+                raise FileNotFoundError(f"path: {str(self.path)!r} is not a folder holding a memmap buffer")
             self._check_closed()
             if not (self.path / STATE).is_file():
                 raise FileNotFoundError(f"path: {str(self.path)!r} holds no memmap buffer (no {STATE})")
@@ -109,10 +119,18 @@ class MappedFolder:
             f"cannot be reopened exactly. Start a new buffer (or load a file written by save())")
 
     def _mark(self) -> None:
+        """Create open.json with its content in one step that fails if it exists (a hard link of a complete
+        temporary file): of two processes opening the folder at once, exactly one gets it."""
         info = {"host": _host(), "pid": os.getpid(), "opened": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        tmp = self.path / f".{MARKER}.{os.getpid()}.tmp"
+        tmp = self.path / f".{MARKER}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         tmp.write_text(json.dumps(info))
-        os.replace(tmp, self.path / MARKER)
+        try:
+            os.link(tmp, self.path / MARKER)
+        except FileExistsError:
+            tmp.unlink()
+            self._check_closed()  # raises, naming the process that got it
+            raise ValueError(f"path: {str(self.path)!r} is being opened by another process") from None
+        tmp.unlink()
         _fsync_dir(self.path)
 
     def array(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -134,13 +152,14 @@ class MappedFolder:
                 raise MappedFileError(f"path: {str(file)!r} holds {mm.dtype}{list(mm.shape)}, but the buffer's "
                                       f"state needs {dtype}{list(shape)}")
         else:
+            if not file.exists():
+                self.created.insert(0, file)  # before creating it: a failed creation can leave the file
             try:
                 mm = np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=tuple(shape))
-            except OSError as err:
-                raise MemoryError(f"memmap: cannot create {str(file)!r} for {dtype}{list(shape)} "
+            except (OSError, ValueError) as err:
+                raise MappedCreateError(f"memmap: cannot create {str(file)!r} for {dtype}{list(shape)} "
                                   f"({int(np.prod(shape, dtype=np.int64)) * dtype.itemsize / 2**30:.3g} GiB): "
-                                  f"{err}") from None
-            self.created.insert(0, file)
+                                  f"{type(err).__name__}: {err}") from None
         # Replay reads rows at random: without this, each page fault reads the device's whole read-ahead
         # window around the page (8 MB on this project's test machine), so a buffer larger than RAM would read
         # megabytes per sampled row (benchmarks/bench_memmap.py measures both)
@@ -164,6 +183,7 @@ class MappedFolder:
     def discard(self) -> None:
         """Remove what this object created (files, then folders) and its marker: a buffer refused while it was
         being built leaves nothing behind."""
+        self.closed = True  # (so the half-built buffer's finalizer writes nothing)
         self.arrays.clear()
         (self.path / MARKER).unlink(missing_ok=True)
         for p in self.created:
@@ -219,6 +239,8 @@ def register(buf: ReplayBuffer) -> None:
 def _close_all() -> None:
     for buf in list(_open):
         try:
-            buf.close()
+            folder = buf._mapped
+            if folder is not None and folder.pid == os.getpid():  # not a forked child's copy of its parent's
+                buf.close()
         except Exception:  # at exit: close what can be closed; a failure leaves its marker
             pass

@@ -1004,6 +1004,17 @@ class ReplayBuffer:
             cast(MappedFolder, buf._mapped).warm()
         return buf
 
+    def __del__(self) -> None:
+        # a memmap buffer dropped without close() is closed here, so its folder reopens (not in a forked child,
+        # whose copy must not close its parent's folder)
+        folder = self.__dict__.get("_mapped")
+        if (folder is not None and not self.__dict__.get("_closed", True) and folder.pid == os.getpid()
+                and not folder.reopen and not folder.closed):  # (reopen: an open() still loading it, or refused)
+            try:
+                self.close()
+            except Exception:  # (at garbage collection: nothing to raise to; the folder then reads as not closed)
+                pass
+
     def __enter__(self) -> ReplayBuffer:
         return self
 

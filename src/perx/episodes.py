@@ -46,7 +46,7 @@ from typing import Any, cast
 import numpy as np
 from numba import njit
 
-from perx._mmap import MappedFileError, MappedFolder
+from perx._mmap import MappedCreateError, MappedFileError, MappedFolder
 from perx._nested import DictLayout, same_rows
 from perx.validation import _short, check_bool, check_choice, check_positive_int, check_real, to_numpy
 
@@ -338,7 +338,7 @@ class EpisodeStore:
                 self.mapped.array("units", (self.ring, *unit), np.dtype(dtype))
             head_units = np.zeros((cfg.streams, *unit), dtype)
             final_units = np.zeros((max(16, cfg.streams), *unit), dtype)
-        except MappedFileError:
+        except (MappedFileError, MappedCreateError):
             raise
         except (MemoryError, ValueError) as err:
             raise MemoryError(f"capacity: cannot allocate {self.ring} observations of shape {unit} {dtype} "

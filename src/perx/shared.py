@@ -45,6 +45,16 @@ _HEAD, _TAIL, _WRITER, _LEARNER = 0, 1, 2, 3
 _HEADER = 64  # bytes before the rows (one cache line)
 
 
+def _check_timeout(timeout: object) -> None:
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout >= 0):
+        raise ValueError(f"timeout: expected seconds >= 0 or None, got {_short(timeout)}")
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return None if timeout is None else time.monotonic() + timeout
+
+
 def _alive(pid: int) -> bool:
     if pid <= 0:
         return False
@@ -115,24 +125,29 @@ class SharedWriter:
         self._ring = ring
         return ring
 
-    def add(self, **transition: Any) -> None:
+    def add(self, *, timeout: float | None = None, **transition: Any) -> None:
         if self._check is None:
             self._attach()
+        _check_timeout(timeout)
         arrays, _, _ = self._check.prepare(transition, batched=False)  # type: ignore[union-attr]
-        self._publish({k: a[None] for k, a in arrays.items()}, 1, None)
+        self._publish({k: a[None] for k, a in arrays.items()}, 1, _deadline(timeout), timeout)
 
     def extend(self, *, timeout: float | None = None, **transitions: Any) -> None:
+        """A batch of at most ``ring`` rows is published at once or not at all; a larger one goes in ring-sized
+        parts, so a timeout (one deadline for the whole call) may leave its first parts published."""
         if self._check is None:
             self._attach()
+        _check_timeout(timeout)
         arrays, rows, _ = self._check.prepare(transitions, batched=True)  # type: ignore[union-attr]
+        deadline = _deadline(timeout)
         for start in range(0, rows, self._size):
             part = {k: a[start : start + self._size] for k, a in arrays.items()}
-            self._publish(part, min(self._size, rows - start), timeout)
+            self._publish(part, min(self._size, rows - start), deadline, timeout)
 
-    def _publish(self, arrays: Mapping[str, np.ndarray], n: int, timeout: float | None) -> None:
+    def _publish(self, arrays: Mapping[str, np.ndarray], n: int, deadline: float | None,
+                 timeout: float | None) -> None:
         ring = self._ring if self._ring is not None else self._attach()
         header, size = ring.header, self._size
-        deadline = None if timeout is None else time.monotonic() + timeout
         wait = 1e-4
         learner = int(header[_LEARNER])
         while True:
@@ -193,6 +208,8 @@ class SharedReplay:
             raise TypeError(f"buffer: expected a perx.ReplayBuffer, got {_short(buffer)}")
         writers = check_positive_int(writers, "writers")
         ring = check_positive_int(ring, "ring")
+        if isinstance(lock_timeout, bool) or not isinstance(lock_timeout, (int, float)) or not lock_timeout > 0:
+            raise ValueError(f"lock_timeout: expected seconds > 0, got {_short(lock_timeout)}")
         spec = buffer.spec
         if spec is None:
             raise ValueError("buffer: its fields are not fixed yet; build it with spec= (or add once) first")
@@ -209,15 +226,19 @@ class SharedReplay:
         tag = f"perx-shared-{os.getpid()}-{secrets.token_hex(4)}"
         self._rings: list[_Ring] = []
         self._locks = []
+        paths = [str(Path(_shm_dir()) / f"{tag}-{k}") for k in range(writers)]
         try:
-            for k in range(writers):
-                path = str(Path(_shm_dir()) / f"{tag}-{k}")
+            for path in paths:
                 r = _Ring(path, flat, ring, create=True)
                 r.header[_LEARNER] = os.getpid()
                 self._rings.append(r)
                 self._locks.append(ctx.Lock())
+        except OSError as err:
+            _unlink(paths)  # (a file may exist though its mapping failed)
+            raise MemoryError(f"ring: cannot map {writers} rings of {ring} rows of {_RowLayout(flat).row_bytes} "
+                              f"bytes in {_shm_dir()} ({err})") from None
         except BaseException:
-            self.close()
+            _unlink(paths)
             raise
         # the rings' files go when this object does (or at exit), if close() was not called
         self._finalizer = weakref.finalize(self, _unlink, [r.path for r in self._rings])
@@ -256,9 +277,16 @@ class SharedReplay:
             self.buffer.extend(**{name: f[first : first + cut] for name, f in ring.fields.items()})
             if cut < n:
                 self.buffer.extend(**{name: f[: n - cut] for name, f in ring.fields.items()})
-            with lock:  # free the slots only after their rows are copied out
-                ring.header[_TAIL] = head
             self.pulled[k] += n
+            # free the slots only after their rows are copied out; a writer that died holding the lock meanwhile
+            # has its ring dropped (its rows so far are in the buffer)
+            while not lock.acquire(timeout=self._lock_timeout):
+                if not _alive(int(ring.header[_WRITER])):
+                    self.dropped.append(k)
+                    break
+            else:
+                ring.header[_TAIL] = head
+                lock.release()
             total += n
         return total
 
@@ -271,7 +299,10 @@ class SharedReplay:
         return self.buffer.update_priorities(indices, td_errors)
 
     def close(self) -> None:
-        """Remove the rings' files (writers still attached keep their mappings until they exit)."""
+        """Remove the rings' files (writers still attached keep their mappings until they exit; their next wait
+        for space raises, as if the learner had gone)."""
+        for r in self._rings:
+            r.header[_LEARNER] = 0
         _unlink([r.path for r in self._rings])
         self._rings = []
 

@@ -22,7 +22,7 @@ from typing import Any, Final, Literal
 import numpy as np
 from numba import njit
 
-from perx._mmap import MappedFileError, MappedFolder
+from perx._mmap import MappedCreateError, MappedFileError, MappedFolder
 from perx._prefetch import AHEAD, prefetch
 from perx.validation import _short, check_capacity, to_numpy
 
@@ -213,7 +213,7 @@ class Storage:
             apart = {name: (np.zeros((self.capacity, *f.shape), f.dtype) if self.mapped is None else
                             self.mapped.array(f"apart-{k}", (self.capacity, *f.shape), f.dtype))
                      for k, (name, f) in enumerate(spec.items()) if name not in layout.offset}
-        except MappedFileError:
+        except (MappedFileError, MappedCreateError):
             raise
         except (MemoryError, ValueError) as err:
             raise MemoryError(
