@@ -24,13 +24,14 @@ import json
 import mmap
 import os
 import secrets
-import socket
 import time
 import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from perx import _atomic
 
 if TYPE_CHECKING:
     from perx.buffer import ReplayBuffer
@@ -47,18 +48,14 @@ class MappedCreateError(MemoryError):
     """A file of a new memmap buffer that could not be created (the message names it and the OS error)."""
 
 
-def _host() -> str:
-    return socket.gethostname() or "host"
+def _alive(pid: object) -> bool:
+    """Whether process ``pid`` (> 0) runs on this host (``_atomic``'s check; 0 and negative ids name groups)."""
+    return isinstance(pid, int) and pid > 0 and _atomic._alive(pid)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # exists, owned by someone else (or cannot tell)
-    return True
+def zeros(mapped: MappedFolder | None, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A zero-filled array: in RAM, or with ``mapped`` the folder's file ``name`` (``MappedFolder.array``)."""
+    return np.zeros(shape, dtype) if mapped is None else mapped.array(name, shape, np.dtype(dtype))
 
 
 class MappedFolder:
@@ -109,7 +106,7 @@ class MappedFolder:
             info = {}
         host, pid = info.get("host", "?"), info.get("pid", -1)
         since = info.get("opened", "?")
-        if host == _host() and isinstance(pid, int) and _alive(pid):
+        if host == _atomic._host() and _alive(pid):
             raise ValueError(f"path: the memmap buffer at {str(self.path)!r} is open in process {pid} on this host "
                              f"(since {since}); close it there first")
         raise ValueError(
@@ -121,7 +118,7 @@ class MappedFolder:
     def _mark(self) -> None:
         """Create open.json with its content in one step that fails if it exists (a hard link of a complete
         temporary file): of two processes opening the folder at once, exactly one gets it."""
-        info = {"host": _host(), "pid": os.getpid(), "opened": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        info = {"host": _atomic._host(), "pid": os.getpid(), "opened": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         tmp = self.path / f".{MARKER}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         tmp.write_text(json.dumps(info))
         try:

@@ -46,7 +46,7 @@ from typing import Any, cast
 import numpy as np
 from numba import njit
 
-from perx._mmap import MappedCreateError, MappedFileError, MappedFolder
+from perx._mmap import MappedCreateError, MappedFileError, MappedFolder, zeros
 from perx._nested import DictLayout, same_rows
 from perx.validation import _short, check_bool, check_choice, check_positive_int, check_real, to_numpy
 
@@ -232,18 +232,12 @@ def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, d
             _copy_row(nxt, b * k + k - 1, head_units, stream[s])
 
 
-def _rows_view(field: np.ndarray) -> np.ndarray:
-    """A 2-D view of a stored field (one row per slot, its elements in a row), never a copy: the field's
-    elements of a slot are contiguous (its bytes in the storage's rows)."""
-    view = field.view()
-    view.shape = (len(field), -1) if field.size else (len(field), 0)  # (raises rather than copy)
-    return view
-
-
 def _rows(arr: np.ndarray, count: int | None = None) -> np.ndarray:
-    """A 2-D view of ``arr``: one row per unit (observation or frame)."""
-    rows = len(arr) if count is None else count
-    return arr.reshape(rows, -1) if arr.size else arr.reshape(rows, 0)
+    """A 2-D view of ``arr``: one row per unit (observation or frame), never a copy (each unit's elements are
+    contiguous, also in a stored field's view into the storage's rows); raises rather than copy."""
+    view = arr.view()
+    view.shape = (len(arr) if count is None else count, -1 if arr.size else 0)
+    return view
 
 
 _WINDOWS_ONLY, _STORED_NEXT, _SHARED = 0, 1, 2
@@ -334,8 +328,7 @@ class EpisodeStore:
         self.check_obs(obs_shape, dtype)
         unit = obs_shape[1:] if cfg.frame_stack else obs_shape
         try:
-            units = np.zeros((self.ring, *unit), dtype) if self.mapped is None else \
-                self.mapped.array("units", (self.ring, *unit), np.dtype(dtype))
+            units = zeros(self.mapped, "units", (self.ring, *unit), dtype)
             head_units = np.zeros((cfg.streams, *unit), dtype)
             final_units = np.zeros((max(16, cfg.streams), *unit), dtype)
         except (MappedFileError, MappedCreateError):
@@ -622,7 +615,7 @@ class EpisodeStore:
             source = storage[cfg.next_name]
             cached = self.__dict__.get("_next_rows")  # (a store unpickled from an earlier perx has none)
             if cached is None or cached[0] is not source:
-                cached = self._next_rows = (source, _rows_view(source))
+                cached = self._next_rows = (source, _rows(source))
             nxt = np.empty((count, *source.shape[1:]), source.dtype)
             _gather(ids, self.succ, storage["reward"], storage["terminated"], storage["truncated"], cap,
                     cfg.n_step, cfg.gamma, *out, _STORED_NEXT, cached[1], *_NO_UNITS[2:-1], _rows(nxt, count))

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from perx._mmap import _alive
 from perx.storage import FieldSpec, Storage, _RowLayout
 from perx.validation import _short, check_positive_int
 
@@ -53,18 +54,6 @@ def _check_timeout(timeout: object) -> None:
 
 def _deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def _shm_dir() -> str:

@@ -22,7 +22,7 @@ from typing import Any, Final, Literal
 import numpy as np
 from numba import njit
 
-from perx._mmap import MappedCreateError, MappedFileError, MappedFolder
+from perx._mmap import MappedCreateError, MappedFileError, MappedFolder, zeros
 from perx._prefetch import AHEAD, prefetch
 from perx.validation import _short, check_capacity, to_numpy
 
@@ -208,10 +208,8 @@ class Storage:
         # Allocate everything before publishing the spec, so a failure leaves the storage as it was.
         try:
             layout = _RowLayout(spec)
-            rows = np.zeros((self.capacity, layout.row_bytes), np.uint8) if self.mapped is None else \
-                self.mapped.array("rows", (self.capacity, layout.row_bytes), np.dtype(np.uint8))
-            apart = {name: (np.zeros((self.capacity, *f.shape), f.dtype) if self.mapped is None else
-                            self.mapped.array(f"apart-{k}", (self.capacity, *f.shape), f.dtype))
+            rows = zeros(self.mapped, "rows", (self.capacity, layout.row_bytes), np.dtype(np.uint8))
+            apart = {name: zeros(self.mapped, f"apart-{k}", (self.capacity, *f.shape), f.dtype)
                      for k, (name, f) in enumerate(spec.items()) if name not in layout.offset}
         except (MappedFileError, MappedCreateError):
             raise
