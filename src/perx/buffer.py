@@ -167,6 +167,9 @@ class ReplayBuffer:
         check_bool(lock, "lock")
         if episodes is not None and not isinstance(episodes, Episodes):
             raise TypeError(f"episodes: expected perx.Episodes(...) or None, got {_short(episodes)}")
+        if memmap is not None and episodes is not None and getattr(episodes, "compress", None):
+            raise ValueError(f"memmap: a compressed observation ring (episodes compress={episodes.compress!r}) is kept "
+                             f"in RAM; use one or the other, got memmap={_short(memmap)}")
         dicts: dict[str, tuple[str, ...]] = {}
         layout: DictLayout | None = None
         if spec is not None and isinstance(spec, Mapping) and any(isinstance(v, Mapping) for v in spec.values()):

@@ -46,6 +46,7 @@ from typing import Any, cast
 import numpy as np
 from numba import njit
 
+from perx._lz4 import PackedUnits, unpack_row
 from perx._mmap import MappedCreateError, MappedFileError, MappedFolder, zeros
 from perx._nested import DictLayout, same_rows
 from perx.validation import _short, check_bool, check_choice, check_positive_int, check_real, to_numpy
@@ -89,11 +90,15 @@ class Episodes:
             with the same keys (one array per key; see :mod:`perx._nested`): stored once per key, compared key by
             key, returned as dicts.
         check: verify that each continuing step's observation is its predecessor's next observation.
+        compress: ``"lz4"`` keeps each observation unit of the ring (an observation, or one frame with stacks)
+            LZ4-compressed, decoded inside the compiled gather; needs ``next_obs="shared"``. It pays for images
+            (Atari frames: 4-26x less memory) at a price in sample time, and not for small vectors (an LZ4 block
+            of 32 bytes is not smaller); results/compression.md has both. ``None`` (default): uncompressed.
     """
 
     def __init__(self, n_step: int = 1, gamma: float = 0.99, *, streams: int = 1, next_obs: str | None = None,
                  frame_stack: int | None = None, frame_padding: str = "first", frame_margin: int | None = None,
-                 obs: str = "obs", check: bool = True) -> None:
+                 obs: str = "obs", check: bool = True, compress: str | None = None) -> None:
         self.n_step = check_positive_int(n_step, "n_step")
         self.gamma = check_real(gamma, "gamma", low=0.0, high=1.0)
         self.streams = check_positive_int(streams, "streams")
@@ -119,6 +124,12 @@ class Episodes:
         self.obs = obs
         self.next_name = "next_" + obs
         self.check = check_bool(check, "check")
+        if compress is not None:
+            check_choice(compress, "compress", ("lz4",))
+            if self.next_obs != "shared":
+                raise ValueError(f"compress: only observations stored once (next_obs='shared', or frame_stack=k) are "
+                                 f"compressed; got compress={compress!r} with next_obs={self.next_obs!r}")
+        self.compress = compress
 
     @property
     def shared(self) -> bool:
@@ -127,7 +138,7 @@ class Episodes:
     def config(self) -> dict[str, Any]:
         return {"n_step": self.n_step, "gamma": self.gamma, "streams": self.streams, "next_obs": self.next_obs,
                 "frame_stack": self.frame_stack, "frame_padding": self.frame_padding,
-                "frame_margin": self.frame_margin, "obs": self.obs, "check": self.check}
+                "frame_margin": self.frame_margin, "obs": self.obs, "check": self.check, "compress": self.compress}
 
     def __repr__(self) -> str:
         return "Episodes(" + ", ".join(f"{k}={v!r}" for k, v in self.config().items()) + ")"
@@ -142,15 +153,43 @@ def _copy_row(dst, d, src, r):
 
 
 @njit(cache=True, nogil=True)
-def _walk(dst, base, top, c, units, rpred, ring, zero_padding):
+def _copy_unit(dst, d, units, arena, offs, lens, r):
+    """Row ``r`` of the observation ring into row ``d`` of ``dst``: copied from ``units``, or decoded when the ring
+    is compressed (``arena`` not None; then ``dst`` is a byte view)."""
+    if arena is None:  # (pruned when compiling: an uncompressed ring passes None, and never reaches the decoder)
+        _copy_row(dst, d, units, r)
+    else:
+        unpack_row(dst, d, arena, offs[r], lens[r])
+
+
+@njit(cache=True, nogil=True)
+def _walk(dst, base, top, c, units, arena, offs, lens, rpred, ring, zero_padding, seen, record, src, src_base):
     """Copy the frames of the stack ending at id ``c`` into rows base+top, base+top-1, ..., base (newest
-    first), walking back through the episode; before its first frame: padding."""
+    first), walking back through the episode; before its first frame: padding.
+
+    With a compressed ring, ``seen`` (int64 [k]) holds the ring slot of each row ``src_base + q`` of ``src``
+    already decoded for this sample (-1: none), and a frame found there is copied from that row instead of
+    decoded again (a stack and its next stack share k - 1 frames, and "first" padding repeats a frame);
+    ``record`` writes this walk's slots into ``seen``. An empty ``seen`` turns this off."""
     for t in range(top, -1, -1):
         if c >= 0:
-            _copy_row(dst, base + t, units, c % ring)
+            r = c % ring
+            hit = -1
+            for q in range(seen.shape[0]):
+                if seen[q] == r:
+                    hit = q
+                    break
+            if hit >= 0:
+                _copy_row(dst, base + t, src, src_base + hit)
+            else:
+                _copy_unit(dst, base + t, units, arena, offs, lens, r)
+            if record:
+                seen[t] = r
         else:
             for col in range(dst.shape[1]):
                 dst[base + t, col] = 0
+            if record:
+                seen[t] = -1
         p = rpred[c % ring] if c >= 0 else -1
         if p >= 0:
             c = p
@@ -160,22 +199,24 @@ def _walk(dst, base, top, c, units, rpred, ring, zero_padding):
 
 
 @njit(cache=True, nogil=True)
-def _next_stacks(heads, streams, rpred, ring, units, head_units, k, zero_padding, out):
+def _next_stacks(heads, streams, rpred, ring, units, arena, offs, lens, head_units, k, zero_padding, out):
     """The full next observation (a stack) of each stream's newest step: its stack shifted by one
     frame, then the stream's pending newest frame."""
+    none = np.empty(0, np.int64)
     for b in range(heads.shape[0]):
-        _walk(out, b * k, k - 2, heads[b], units, rpred, ring, zero_padding)
+        _walk(out, b * k, k - 2, heads[b], units, arena, offs, lens, rpred, ring, zero_padding, none, False, out, 0)
         _copy_row(out, b * k + k - 1, head_units, streams[b])
 
 
 @njit(cache=True, nogil=True)
 def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, disc, steps, last, term, trunc,
-            shared, units, rpred, ring, final_units, final, head_units, stream, k, zero_padding, obs, nxt):
+            shared, units, arena, offs, lens, rpred, ring, final_units, final, head_units, stream, k, zero_padding, obs, nxt):
     """The n-step windows of ``ids`` (return, discount, steps, last id, how they ended) and, by ``shared``:
     _STORED_NEXT, the stored next observations of the windows' last steps (``units``: the field's rows, one per
     slot) copied into ``nxt``; _SHARED, the observations of ``ids`` and the next observations of the windows'
     last steps, copied row by row into ``obs`` / ``nxt`` (2-D views: one row per unit; k rows per sample with
-    frames); _WINDOWS_ONLY, neither."""
+    frames; byte views when the ring is compressed: ``arena`` not None); _WINDOWS_ONLY, neither."""
+    seen = np.empty(k if k > 0 and arena is not None else 0, np.int64)  # (see _walk)
     for b in range(ids.shape[0]):
         j = ids[b]
         g = 0.0
@@ -213,19 +254,21 @@ def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, d
         s = j % capacity
         after = succ[s]
         if k == 0:
-            _copy_row(obs, b, units, ids[b] % ring)
+            _copy_unit(obs, b, units, arena, offs, lens, ids[b] % ring)
             if after >= 0:
-                _copy_row(nxt, b, units, after % ring)
+                _copy_unit(nxt, b, units, arena, offs, lens, after % ring)
             elif after == ENDED:
                 _copy_row(nxt, b, final_units, final[s])
             else:
                 _copy_row(nxt, b, head_units, stream[s])
             continue
         # frames: the stack of ids[b], then that of j shifted by one frame and the next newest frame
-        _walk(obs, b * k, k - 1, ids[b], units, rpred, ring, zero_padding)
-        _walk(nxt, b * k, k - 2, j, units, rpred, ring, zero_padding)
+        if seen.shape[0]:
+            seen[:] = -1
+        _walk(obs, b * k, k - 1, ids[b], units, arena, offs, lens, rpred, ring, zero_padding, seen, True, obs, b * k)
+        _walk(nxt, b * k, k - 2, j, units, arena, offs, lens, rpred, ring, zero_padding, seen, False, obs, b * k)
         if after >= 0:
-            _copy_row(nxt, b * k + k - 1, units, after % ring)
+            _copy_unit(nxt, b * k + k - 1, units, arena, offs, lens, after % ring)
         elif after == ENDED:
             _copy_row(nxt, b * k + k - 1, final_units, final[s])
         else:
@@ -241,8 +284,13 @@ def _rows(arr: np.ndarray, count: int | None = None) -> np.ndarray:
 
 
 _WINDOWS_ONLY, _STORED_NEXT, _SHARED = 0, 1, 2
-_NO_UNITS = (_WINDOWS_ONLY, np.zeros((1, 1)), np.zeros(1, np.int64), 1, np.zeros((1, 1)), np.zeros(1, np.int64),
-             np.zeros((1, 1)), np.zeros(1, np.int64), 0, False, np.zeros((1, 1)), np.zeros((1, 1)))
+#: ``arena, offs, lens`` of an uncompressed ring: the kernels copy rows of ``units``
+_NO_PACK = (None, None, None)
+#: a compressed ring's ``units`` argument (never read)
+_NO_ROWS = np.zeros((1, 1), np.uint8)
+_NO_UNITS = (_WINDOWS_ONLY, np.zeros((1, 1)), *_NO_PACK, np.zeros(1, np.int64), 1, np.zeros((1, 1)),
+             np.zeros(1, np.int64), np.zeros((1, 1)), np.zeros(1, np.int64), 0, False, np.zeros((1, 1)),
+             np.zeros((1, 1)))
 
 
 # -- the store -----------------------------------------------------------------------------------------
@@ -263,6 +311,10 @@ class EpisodeStore:
     units: np.ndarray
     head_units: np.ndarray
     final_units: np.ndarray
+    #: The compressed observation ring (``Episodes(compress="lz4")``), or None. With it, ``units`` is an empty
+    #: array that only carries the unit's shape and dtype; head and final units stay uncompressed (one per stream
+    #: and per episode end held: small next to the ring). (A class default: stores pickled before it have none.)
+    packed: PackedUnits | None = None
 
     def __init__(self, capacity: int, cfg: Episodes) -> None:
         self.cfg = cfg
@@ -286,6 +338,7 @@ class EpisodeStore:
         #: The folder whose file holds the observation ring (``ReplayBuffer(memmap=...)``), or None: in RAM.
         #: Only the ring is mapped: it is capacity-sized; the links, head and final observations stay in RAM.
         self.mapped: MappedFolder | None = None
+        self.packed = None
 
     # layouts -------------------------------------------------------------------------------------
     def check_spec(self, spec: dict) -> None:
@@ -327,8 +380,16 @@ class EpisodeStore:
         cfg = self.cfg
         self.check_obs(obs_shape, dtype)
         unit = obs_shape[1:] if cfg.frame_stack else obs_shape
+        packed = None
         try:
-            units = zeros(self.mapped, "units", (self.ring, *unit), dtype)
+            if getattr(cfg, "compress", None):  # (an Episodes unpickled from an earlier perx has no compress)
+                if self.mapped is not None:
+                    raise ValueError("compress: a compressed observation ring is kept in RAM; it cannot be combined "
+                                     "with memmap=")
+                packed = PackedUnits(self.ring, unit, np.dtype(dtype))
+                units = np.zeros((0, *unit), dtype)
+            else:
+                units = zeros(self.mapped, "units", (self.ring, *unit), dtype)
             head_units = np.zeros((cfg.streams, *unit), dtype)
             final_units = np.zeros((max(16, cfg.streams), *unit), dtype)
         except (MappedFileError, MappedCreateError):
@@ -338,6 +399,7 @@ class EpisodeStore:
                               f"({type(err).__name__})") from None
         self.obs_spec = (tuple(obs_shape), np.dtype(dtype))
         self.units, self.head_units, self.final_units = units, head_units, final_units
+        self.packed = packed
         self.final_free = np.arange(len(final_units) - 1, -1, -1, dtype=np.int64)  # a stack: pop from the end
 
     @property
@@ -345,7 +407,24 @@ class EpisodeStore:
         arrays = [self.succ, self.stream, self.pred, self.head, self.head_open, self.final, self.rpred,
                   self.final_free]
         arrays += [a for a in (self.units, self.final_units, self.head_units) if a is not None]
-        return sum(a.nbytes for a in arrays)
+        return sum(a.nbytes for a in arrays) + (self.packed.nbytes if self.packed is not None else 0)
+
+    def _unit_rows(self, arr: np.ndarray, count: int | None = None) -> np.ndarray:
+        """The kernels' 2-D view of observation units (:func:`_rows`): bytes when the ring is compressed."""
+        rows = _rows(arr, count)
+        return rows if self.packed is None else rows.view(np.uint8)
+
+    def _ring(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The kernels' (units, arena, offs, lens) arguments: the ring's rows, or the compressed ring."""
+        packed = self.packed
+        return (_rows(self.units), *_NO_PACK) if packed is None else (_NO_ROWS, *packed.packed)
+
+    def _put_units(self, ids: np.ndarray, values: np.ndarray) -> None:
+        """Write the ring units of the consecutive ``ids`` (the newest written)."""
+        if self.packed is None:
+            self.units[ids % self.ring] = values
+        else:
+            self.packed.put(ids, values)
 
     # writing -------------------------------------------------------------------------------------
     def prepare(self, obs: np.ndarray | None, next_obs: np.ndarray | None, terminated: np.ndarray,
@@ -460,8 +539,9 @@ class EpisodeStore:
             if cfg.shared and self.units is not None:
                 if k:
                     stacks = np.empty((len(rows_h), *obs.shape[1:]), self.units.dtype)
-                    _next_stacks(heads, e[rows_h], self.rpred, self.ring, _rows(self.units), _rows(self.head_units),
-                                 k, cfg.frame_padding == "zero", _rows(stacks, len(rows_h) * k))
+                    _next_stacks(heads, e[rows_h], self.rpred, self.ring, *self._ring(),
+                                 self._unit_rows(self.head_units), k, cfg.frame_padding == "zero",
+                                 self._unit_rows(stacks, len(rows_h) * k))
                     expected[rows_h] = stacks
                 else:
                     expected[rows_h] = self.head_units[e[rows_h]]
@@ -538,7 +618,7 @@ class EpisodeStore:
         self.pred[slots] = pred[first_kept:]
         if cfg.shared:
             in_ring = slice(max(0, rows - ring), rows)
-            self.units[ids[in_ring] % ring] = plan["cur"][in_ring]
+            self._put_units(ids[in_ring], plan["cur"][in_ring])
             if cfg.frame_stack:
                 self.rpred[ids[in_ring] % ring] = pred[in_ring]
             finals = np.flatnonzero(ended[first_kept:]) + first_kept
@@ -575,7 +655,10 @@ class EpisodeStore:
         self.stream[s] = e
         self.pred[s] = pred
         if cfg.shared:
-            self.units[i % self.ring] = plan["cur"][0]
+            if self.packed is None:
+                self.units[i % self.ring] = plan["cur"][0]
+            else:
+                self.packed.put(np.array([i], np.int64), plan["cur"][:1])
             if cfg.frame_stack:
                 self.rpred[i % self.ring] = pred
             if ended:
@@ -625,10 +708,11 @@ class EpisodeStore:
             k = cfg.frame_stack or 1
             obs = np.empty((count, k, *shape) if cfg.frame_stack else (count, *shape), self.units.dtype)
             nxt = np.empty_like(obs)
+            rows = _rows if self.packed is None else self._unit_rows
             _gather(ids, self.succ, storage["reward"], storage["terminated"], storage["truncated"], cap,
-                    cfg.n_step, cfg.gamma, *out, _SHARED, _rows(self.units), self.rpred, self.ring,
-                    _rows(self.final_units), self.final, _rows(self.head_units), self.stream,
-                    cfg.frame_stack or 0, cfg.frame_padding == "zero", _rows(obs, count * k), _rows(nxt, count * k))
+                    cfg.n_step, cfg.gamma, *out, _SHARED, *self._ring(), self.rpred, self.ring,
+                    rows(self.final_units), self.final, rows(self.head_units), self.stream,
+                    cfg.frame_stack or 0, cfg.frame_padding == "zero", rows(obs, count * k), rows(nxt, count * k))
             data[cfg.obs] = obs
             data[cfg.next_name] = nxt
         data["return"], data["discount"], data["steps"] = ret, disc, steps
@@ -653,7 +737,9 @@ class EpisodeStore:
             arrays["final_units"] = self.final_units[used[has]]
             arrays["final_slots"] = np.flatnonzero(has).astype(np.int64)
             ring_ids = self._ring_ids(next_id) % self.ring
-            if with_units:
+            if with_units and self.packed is not None:  # the compressed blocks, checked on load
+                arrays["units_lz4"], arrays["units_lz4_lengths"] = self.packed.blocks(ring_ids)
+            elif with_units:
                 arrays["units"] = self.units[ring_ids]  # in id order, only what was written
             arrays["head_units"] = self.head_units
             if self.cfg.frame_stack:
@@ -682,7 +768,7 @@ class EpisodeStore:
         expected = self.state_dict(size, next_id, with_units=with_units)[1]
         check_keys(arrays, expected, "episode arrays")
         for name, arr in expected.items():
-            if name not in ("final_units", "final_slots"):
+            if name not in ("final_units", "final_slots", "units_lz4"):  # (blocks: checked by restore())
                 check_array(arrays[name], name, arr.shape, arr.dtype)
         succ, stream = arrays["succ"], arrays["stream"]
         head, head_open = arrays["head"], arrays["head_open"]
@@ -747,7 +833,9 @@ class EpisodeStore:
                 raise ValueError("rpred: a frame's predecessor must be an earlier id, or -1")
             self._check_frame_links(p, ring_ids, ids, stream, next_id)
             self.rpred[ring_ids % self.ring] = p
-        if with_units:
+        if with_units and self.packed is not None:
+            self.packed.restore(ring_ids, arrays["units_lz4"], arrays["units_lz4_lengths"], "units_lz4")
+        elif with_units:
             self.units[ring_ids % self.ring] = arrays["units"]
         self.head_units[:] = arrays["head_units"]
         self.final[:] = -1
@@ -804,6 +892,9 @@ class DictEpisodeStore(EpisodeStore):
     """
 
     def __init__(self, capacity: int, cfg: Episodes, layout: DictLayout) -> None:
+        if cfg.compress:
+            raise ValueError(f"compress: dict observations are not compressed; got compress={cfg.compress!r} with "
+                             f"the dict observation {cfg.obs!r}")
         super().__init__(capacity, cfg)
         self.layout = layout
         self._same_rows = layout.same_rows

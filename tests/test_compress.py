@@ -1,0 +1,210 @@
+"""Compressed observation rings (``perx.Episodes(compress="lz4")``, issue 40 item 3).
+
+The codec is checked against the ``lz4`` package in both directions (its blocks decode here, ours decode there),
+and the compressed buffer against the uncompressed one (itself checked against brute force in test_episodes)
+and against the brute-force reference directly: same batches, same windows, after wrap-around, arena growth,
+save and load. Damaged blocks are refused when a file is loaded, naming the member.
+"""
+
+import numpy as np
+import pytest
+
+import perx
+from perx import _lz4
+from perx.episodes import Episodes
+from tests.test_episodes import World, check_all, feed
+
+lz4_block = pytest.importorskip("lz4.block")
+
+
+def _compress(data: np.ndarray) -> np.ndarray:
+    table = np.zeros(1 << 12, np.int64)
+    out = np.empty(_lz4.bound(len(data)), np.uint8)
+    return out[: _lz4.compress_into(data, out, 0, table, 1)]
+
+
+def _inputs():
+    rng = np.random.default_rng(0)
+    cases = [np.zeros(0, np.uint8), np.zeros(12, np.uint8), np.zeros(13, np.uint8), np.zeros(7056, np.uint8),
+             rng.integers(0, 256, 7056).astype(np.uint8),  # incompressible
+             rng.integers(0, 3, 5000).astype(np.uint8),  # short matches
+             np.repeat(rng.integers(0, 256, 300), 25).astype(np.uint8),  # runs (literal and match lengths > 15 + 255)
+             np.tile(rng.integers(0, 256, 70_000), 2).astype(np.uint8),  # a repeat beyond the 65535-byte window
+             rng.standard_normal(8).astype(np.float32).view(np.uint8)]
+    for n in range(40):  # every length around the format's end rules (12 and 5 bytes)
+        cases.append(rng.integers(0, 2, n).astype(np.uint8))
+        cases.append(np.tile(rng.integers(0, 256, 3), 20)[:n].astype(np.uint8))
+    return cases
+
+
+def test_blocks_round_trip_and_agree_with_the_lz4_package():
+    for data in _inputs():
+        ours = _compress(data)
+        assert len(ours) <= _lz4.bound(len(data))
+        assert lz4_block.decompress(ours.tobytes(), uncompressed_size=len(data)) == data.tobytes()
+        theirs = np.frombuffer(lz4_block.compress(data.tobytes(), store_size=False), np.uint8)
+        for block in (ours, theirs):
+            out = np.empty(len(data), np.uint8)
+            assert _lz4.decompress_into(block, 0, len(block), out) == len(data)
+            np.testing.assert_array_equal(out, data)
+
+
+def test_the_decoder_refuses_truncated_and_damaged_blocks_without_leaving_its_row():
+    rng = np.random.default_rng(1)
+    data = np.repeat(rng.integers(0, 4, 600), 7).astype(np.uint8)
+    block = _compress(data)
+    guard = 4096
+    for cut in range(len(block)):  # every truncation: malformed or short, never the whole unit
+        out = np.zeros(len(data) + guard, np.uint8)
+        written = _lz4.decompress_into(block, 0, cut, out[: len(data)])
+        assert written != len(data)
+        assert not out[len(data):].any()
+    damaged_seen = 0
+    for _ in range(2000):  # random byte changes: refused, or decoded to something, but always inside the row
+        bad = block.copy()
+        bad[rng.integers(len(bad))] = rng.integers(256)
+        out = np.zeros(len(data) + guard, np.uint8)
+        written = _lz4.decompress_into(bad, 0, len(bad), out[: len(data)])
+        assert -1 <= written <= len(data)
+        assert not out[len(data):].any()
+        damaged_seen += written != len(data) or not np.array_equal(out[: len(data)], data)
+    assert damaged_seen > 1000
+    # a back-reference before the start of the output
+    assert _lz4.decompress_into(np.array([0x04, 0x01, 0x00, 0x00], np.uint8), 0, 4, np.zeros(8, np.uint8)) == -1
+
+
+SHARED = [dict(n_step=1, next_obs="shared"), dict(n_step=4, next_obs="shared"), dict(n_step=3, frame_stack=4),
+          dict(n_step=1, frame_stack=2, frame_padding="zero"), dict(n_step=5, frame_stack=3, frame_padding="zero")]
+
+
+@pytest.mark.parametrize("layout", SHARED, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize("streams", [1, 3])
+def test_a_compressed_ring_matches_brute_force(layout, streams):
+    rng = np.random.default_rng(streams)
+    frames = layout.get("frame_stack")
+    margin = {"frame_margin": (frames - 1) * 2 * streams} if frames else {}
+    cfg = Episodes(gamma=0.9, streams=streams, compress="lz4", **layout, **margin)
+    buf = perx.ReplayBuffer(int(rng.choice([7, 20, 64])), perx.Uniform(), seed=0, episodes=cfg)
+    world = World(rng, streams, cfg.frame_stack, cfg.frame_padding)
+    for total in (5, 30, 90, 200):
+        feed(buf, world, rng, total, rounds=bool(frames))
+        check_all(buf, world, cfg.n_step, 0.9)
+
+
+def _frames(rng, count, k):
+    """Mostly-dark 24x24 uint8 frames with a few bright pixels (compressible, like an Atari screen)."""
+    out = np.zeros((count, 24, 24), np.uint8)
+    for f in out:
+        f[rng.integers(0, 24, 6), rng.integers(0, 24, 6)] = rng.integers(1, 256, 6)
+    return out
+
+
+def _twins(rng, capacity, streams, k, steps, batch_rows):
+    """An uncompressed and a compressed buffer fed the same frame-stack steps (``batch_rows`` steps per extend)."""
+    bufs = [perx.ReplayBuffer(capacity, perx.Proportional(), seed=3,
+                              episodes=Episodes(n_step=3, streams=streams, frame_stack=k, compress=c,
+                                                frame_margin=(k - 1) * streams * 2))
+            for c in (None, "lz4")]
+    stacks = [np.repeat(_frames(rng, 1, k), k, axis=0) for _ in range(streams)]
+    pending: list = []
+    for _ in range(steps):
+        for e in range(streams):
+            new = _frames(rng, 1, k)
+            nxt = np.concatenate([stacks[e][1:], new])
+            end = rng.random() < 0.03
+            pending.append(dict(obs=stacks[e], next_obs=nxt, reward=float(rng.random()), terminated=end,
+                                truncated=False, stream=e))
+            stacks[e] = np.repeat(_frames(rng, 1, k), k, axis=0) if end else nxt
+        if len(pending) >= batch_rows:
+            fields = {key: np.array([p[key] for p in pending]) for key in pending[0]}
+            stream = fields.pop("stream")
+            for buf in bufs:
+                buf.extend(stream=stream, **fields)
+            pending = []
+    return bufs
+
+
+@pytest.mark.parametrize("batch_rows", [1, 4, 150])  # 150 rows: more than the ring holds in one extend
+def test_the_arena_grows_and_wraps_and_samples_stay_exact(batch_rows, monkeypatch):
+    monkeypatch.setattr(_lz4, "INITIAL", 256)  # grow many times
+    rng = np.random.default_rng(batch_rows)
+    plain, packed = _twins(rng, capacity=60, streams=2, k=4, steps=300, batch_rows=batch_rows)
+    assert packed.episodes.compress == "lz4"
+    live = np.arange(max(0, plain.next_index - plain.capacity), plain.next_index)
+    a, b = plain.get(live), packed.get(live)
+    for key in a:
+        np.testing.assert_array_equal(a[key], b[key])
+    for _ in range(3):
+        x, y = plain.sample(32), packed.sample(32)
+        np.testing.assert_array_equal(x.indices, y.indices)
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+    ring = packed._episodes.packed
+    live_bytes = ring.live_bytes(packed.next_index)
+    assert ring.arena.nbytes <= 1.5 * live_bytes + 4 * _lz4.bound(ring.unit) + 1024
+
+
+def test_a_compressed_buffer_saves_loads_and_carries_on(tmp_path):
+    rng = np.random.default_rng(7)
+    _, packed = _twins(rng, capacity=50, streams=2, k=3, steps=80, batch_rows=2)
+    packed.save(tmp_path / "c.npz")
+    twin = perx.ReplayBuffer.load(tmp_path / "c.npz")
+    assert twin.episodes.config() == packed.episodes.config()
+    for _ in range(3):
+        x, y = packed.sample(16), twin.sample(16)
+        np.testing.assert_array_equal(x.indices, y.indices)
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key])
+    # the file holds the compressed blocks, not the frames
+    from tests.test_hardening import members
+
+    _, arrays = members(tmp_path / "c.npz")
+    frames = arrays["episodes/units_lz4_lengths"]
+    assert len(frames) == min(packed.next_index, packed._episodes.ring) and "episodes/units" not in arrays
+    assert arrays["episodes/units_lz4"].nbytes < 0.5 * len(frames) * 24 * 24
+
+
+def test_damaged_blocks_in_a_file_are_refused_naming_it(tmp_path):
+    from tests.test_episodes import _crafted
+    from tests.test_hardening import members
+
+    rng = np.random.default_rng(8)
+    _, packed = _twins(rng, capacity=30, streams=1, k=2, steps=40, batch_rows=1)
+    path = tmp_path / "ok.npz"
+    packed.save(path)
+    _, arrays = members(path)
+    blocks, lengths = arrays["episodes/units_lz4"], arrays["episodes/units_lz4_lengths"]
+    # a flipped bit on disk: the file's checksums catch it, as for any member
+    raw = bytearray(path.read_bytes())
+    at = bytes(raw).find(blocks.tobytes())
+    assert at > 0
+    raw[at + len(blocks) // 2] ^= 0x10
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="truncated or corrupted"):
+        perx.ReplayBuffer.load(path)
+    # a crafted file (checksums right): a block that does not decode to one unit
+    bad = blocks.copy()
+    bad[: lengths[0]] = 0xFF  # a literal run longer than the block
+    crafted = _crafted(tmp_path, packed, episodes__units_lz4=bad)
+    with pytest.raises(ValueError, match="units_lz4: block 0") as info:
+        perx.ReplayBuffer.load(crafted)
+    assert str(crafted) in str(info.value)
+    wrong = lengths.copy()
+    wrong[0] += 1
+    crafted = _crafted(tmp_path, packed, episodes__units_lz4_lengths=wrong)
+    with pytest.raises(ValueError, match="units_lz4_lengths"):
+        perx.ReplayBuffer.load(crafted)
+
+
+def test_compression_is_refused_where_it_does_not_apply(tmp_path):
+    with pytest.raises(ValueError, match=r"compress.*next_obs='stored'"):
+        Episodes(compress="lz4")
+    with pytest.raises(ValueError, match="compress"):
+        Episodes(next_obs="shared", compress="zip")
+    with pytest.raises(ValueError, match="memmap"):
+        perx.ReplayBuffer(10, memmap=tmp_path / "m", episodes=Episodes(frame_stack=2, compress="lz4"))
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(ValueError, match="compress: dict observations"):
+        perx.ReplayBuffer(10, episodes=Episodes(next_obs="shared", compress="lz4"),
+                          spec={"obs": {"a": ((2,), np.float32)}, "next_obs": {"a": ((2,), np.float32)},
+                                "reward": ((), np.float32), "terminated": ((), bool), "truncated": ((), bool)})
