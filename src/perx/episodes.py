@@ -210,7 +210,8 @@ def _next_stacks(heads, streams, rpred, ring, units, arena, offs, lens, head_uni
 
 @njit(cache=True, nogil=True)
 def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, disc, steps, last, term, trunc,
-            shared, units, arena, offs, lens, rpred, ring, final_units, final, head_units, stream, k, zero_padding, obs, nxt):
+            shared, units, arena, offs, lens, rpred, ring, final_units, final, head_units, stream, k, zero_padding,
+            obs, nxt):
     """The n-step windows of ``ids`` (return, discount, steps, last id, how they ended) and, by ``shared``:
     _STORED_NEXT, the stored next observations of the windows' last steps (``units``: the field's rows, one per
     slot) copied into ``nxt``; _SHARED, the observations of ``ids`` and the next observations of the windows'
@@ -414,7 +415,7 @@ class EpisodeStore:
         rows = _rows(arr, count)
         return rows if self.packed is None else rows.view(np.uint8)
 
-    def _ring(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def _ring(self) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         """The kernels' (units, arena, offs, lens) arguments: the ring's rows, or the compressed ring."""
         packed = self.packed
         return (_rows(self.units), *_NO_PACK) if packed is None else (_NO_ROWS, *packed.packed)
