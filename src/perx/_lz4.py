@@ -26,6 +26,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from perx.validation import _short
+
 _HASH_LOG = 12
 _MIN_MATCH = 4
 _LAST_LITERALS = 5  # the block format's end rules (see the module docstring)
@@ -86,8 +88,9 @@ def _put_length(dst, op, r):
 def compress_into(src, dst, d0, table, stamp):
     """Compress the bytes ``src`` (uint8 [n]) into ``dst[d0:]`` (room for ``bound(n)`` bytes); return the
     number of bytes written. ``table`` (int64 [4096]) maps a hash of 4 bytes to ``stamp`` + their position;
-    entries below ``stamp`` are from earlier calls and ignored, so the caller advances ``stamp`` by n + 1
-    per call instead of clearing the table. Greedy single-probe matching (LZ4's fast mode), with the skip
+    entries below ``stamp`` are from earlier calls and ignored (any entry is only a candidate: its bytes are
+    compared before a match is used), so the caller advances ``stamp`` by n + 1 per call instead of clearing
+    the table. Greedy single-probe matching (LZ4's fast mode), with the skip
     growing after 64 misses in a row so that incompressible input costs little. O(n)."""
     n = src.shape[0]
     op = d0
@@ -357,12 +360,21 @@ class PackedUnits:
             return
         rows = np.ascontiguousarray(values, dtype=self.dtype).reshape(m, -1).view(np.uint8)
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        head, _, last = self.state
         first = int(ids[0])
-        for g in range(max(int(last) + 1, first - self.ring + 1), first):
-            self.offs[g % self.ring] = head
-            self.lens[g % self.ring] = EMPTY
+        gaps = range(max(int(self.state[2]) + 1, first - self.ring + 1), first)
         done = 0
+        if len(gaps):
+            # ids skipped inside the ring's window: stored first alone, then the gaps take its offset, so that
+            # while a gap is the oldest id the free space is measured from where the live units really start
+            # (not from the head before the batch, which a wrap or a growth leaves behind)
+            while done < 1:
+                done += _put(self.arena, self.offs, self.lens, self.state, self.table, self.scratch, rows[:1],
+                             ids[:1], self.ring)
+                if done < 1:
+                    self._grow(first)
+            for g in gaps:
+                self.offs[g % self.ring] = self.offs[first % self.ring]
+                self.lens[g % self.ring] = EMPTY
         while done < m:
             done += _put(self.arena, self.offs, self.lens, self.state, self.table, self.scratch, rows[done:],
                          ids[done:], self.ring)
@@ -395,10 +407,13 @@ class PackedUnits:
         from perx.samplers.base import check_array
 
         check_array(lengths, f"{name}_lengths", (len(ids),), np.dtype(np.int32))
+        if not isinstance(packed, np.ndarray) or packed.ndim != 1:
+            raise ValueError(f"{name}: expected a 1-D uint8 array of blocks, got {_short(packed)}")
         check_array(packed, name, (len(packed),), np.dtype(np.uint8))
-        if ((lengths < 1) & (lengths != EMPTY)).any() or int(np.maximum(lengths, 0).sum()) != len(packed):
-            raise ValueError(f"{name}_lengths: each block's length must be >= 1 (or {EMPTY}: none), and they must "
-                             f"add up to the {len(packed)} bytes of {name}")
+        # every id of the ring's window is written in a saved buffer (a batch that skips ids fills the window)
+        if (lengths < 1).any() or int(lengths.sum(dtype=np.int64)) != len(packed):
+            raise ValueError(f"{name}_lengths: each block's length must be >= 1, and they must add up to the "
+                             f"{len(packed)} bytes of {name}")
         bad = check_blocks(packed, lengths, self.unit)
         if bad >= 0:
             raise ValueError(f"{name}: block {bad} (id {int(ids[bad])}) is damaged: it does not decode to one "
