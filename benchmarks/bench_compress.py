@@ -38,6 +38,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 import perx
 from bench_buffer import UPDATE_POOL, _fmt_time, _interleaved, _Values, cpu_model
@@ -137,12 +138,11 @@ def codec_rows(units: np.ndarray, label: str, passes: int = 5) -> list[dict]:
     return rows
 
 
+@njit(cache=False)
 def _decode_all(blocks, lengths, out):
     for i in range(len(lengths)):
         _lz4.decompress_into(blocks[i], 0, lengths[i], out[i])
 
-
-_decode_all = __import__("numba").njit(cache=False)(_decode_all)
 
 
 def _codec_row(data, codec, mean_bytes, size, compress, decompress, n, passes):
@@ -160,41 +160,41 @@ def _codec_row(data, codec, mean_bytes, size, compress, decompress, n, passes):
 
 # -- 2. buffers -----------------------------------------------------------------------------------------
 
-def fill_perx_atari(buf, episodes: list[np.ndarray], n: int) -> None:
+def _cycle(episodes, n: int):
+    """(episode, steps to add from it) through the episodes, round and round, until n steps in all."""
     added = 0
     while added < n:
         for ep in episodes:
-            s = stacks(ep)
             m = min(len(ep) - 1, n - added)
             if m <= 0:
                 break
-            term = np.zeros(m, bool)
-            term[-1] = m == len(ep) - 1
-            trunc = np.zeros(m, bool)
-            trunc[-1] = not term[-1]  # cut at n: ended as a truncation so the next fill starts fresh
-            for a in range(0, m, 2000):
-                b = min(m, a + 2000)
-                buf.extend(obs=s[a:b], next_obs=s[a + 1 : b + 1], action=np.zeros(b - a, np.int64),
-                           reward=np.zeros(b - a, np.float32), terminated=term[a:b], truncated=trunc[a:b])
+            yield ep, m
             added += m
+
+
+def fill_perx_atari(buf, episodes: list[np.ndarray], n: int) -> None:
+    for ep, m in _cycle(episodes, n):
+        s = stacks(ep)
+        term = np.zeros(m, bool)
+        term[-1] = m == len(ep) - 1
+        trunc = np.zeros(m, bool)
+        trunc[-1] = not term[-1]  # cut at n: ended as a truncation so the next fill starts fresh
+        for a in range(0, m, 2000):
+            b = min(m, a + 2000)
+            buf.extend(obs=s[a:b], next_obs=s[a + 1 : b + 1], action=np.zeros(b - a, np.int64),
+                       reward=np.zeros(b - a, np.float32), terminated=term[a:b], truncated=trunc[a:b])
 
 
 def fill_cpprb_atari(buf, episodes: list[np.ndarray], n: int) -> None:
-    added = 0
-    while added < n:
-        for ep in episodes:
-            s = np.moveaxis(stacks(ep), 1, -1)  # cpprb stacks along the last axis
-            m = min(len(ep) - 1, n - added)
-            if m <= 0:
-                break
-            done = np.zeros(m, np.float32)
-            done[-1] = 1.0
-            for a in range(0, m, 2000):
-                b = min(m, a + 2000)
-                buf.add(obs=s[a:b], next_obs=s[a + 1 : b + 1], act=np.zeros(b - a), rew=np.zeros(b - a),
-                        done=done[a:b])
-            buf.on_episode_end()
-            added += m
+    for ep, m in _cycle(episodes, n):
+        s = np.moveaxis(stacks(ep), 1, -1)  # cpprb stacks along the last axis
+        done = np.zeros(m, np.float32)
+        done[-1] = 1.0
+        for a in range(0, m, 2000):
+            b = min(m, a + 2000)
+            buf.add(obs=s[a:b], next_obs=s[a + 1 : b + 1], act=np.zeros(b - a), rew=np.zeros(b - a),
+                    done=done[a:b])
+        buf.on_episode_end()
 
 
 def vector_episodes(rng, count: int, length: int = 1000) -> list[np.ndarray]:
@@ -202,31 +202,19 @@ def vector_episodes(rng, count: int, length: int = 1000) -> list[np.ndarray]:
 
 
 def fill_perx_vectors(buf, episodes, n):
-    added = 0
-    while added < n:
-        for ep in episodes:
-            m = min(len(ep) - 1, n - added)
-            if m <= 0:
-                break
-            end = np.zeros(m, bool)
-            end[-1] = True
-            buf.extend(obs=ep[:m], next_obs=ep[1 : m + 1], action=np.zeros(m, np.int64),
-                       reward=np.zeros(m, np.float32), terminated=end, truncated=np.zeros(m, bool))
-            added += m
+    for ep, m in _cycle(episodes, n):
+        end = np.zeros(m, bool)
+        end[-1] = True
+        buf.extend(obs=ep[:m], next_obs=ep[1 : m + 1], action=np.zeros(m, np.int64),
+                   reward=np.zeros(m, np.float32), terminated=end, truncated=np.zeros(m, bool))
 
 
 def fill_cpprb_vectors(buf, episodes, n):
-    added = 0
-    while added < n:
-        for ep in episodes:
-            m = min(len(ep) - 1, n - added)
-            if m <= 0:
-                break
-            done = np.zeros(m, np.float32)
-            done[-1] = 1
-            buf.add(obs=ep[:m], next_obs=ep[1 : m + 1], act=np.zeros(m), rew=np.zeros(m), done=done)
-            buf.on_episode_end()
-            added += m
+    for ep, m in _cycle(episodes, n):
+        done = np.zeros(m, np.float32)
+        done[-1] = 1
+        buf.add(obs=ep[:m], next_obs=ep[1 : m + 1], act=np.zeros(m), rew=np.zeros(m), done=done)
+        buf.on_episode_end()
 
 
 def perx_iteration(buf, b, values):

@@ -154,6 +154,22 @@ def compress_into(src, dst, d0, table, stamp):
     return op + lit - d0
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _get_length(src, ip, s1, count):
+    """A nibble's count with its extra bytes (the nibble said 15: each byte adds, 255 means more follow):
+    (count, the position after them), or (-1, ip) if the block ends first."""
+    if count == 15:
+        while True:
+            if ip >= s1:
+                return -1, ip
+            b = np.int64(src[ip])
+            ip += 1
+            count += b
+            if b != 255:
+                break
+    return count, ip
+
+
 @njit(cache=True, nogil=True)
 def decompress_into(src, s0, s1, dst):
     """Decode the block ``src[s0:s1]`` into ``dst`` (uint8 [n]); return the bytes written, or -1 if the block
@@ -167,17 +183,8 @@ def decompress_into(src, s0, s1, dst):
             return -1
         token = np.int64(src[ip])
         ip += 1
-        lit = token >> 4
-        if lit == 15:
-            while True:
-                if ip >= s1:
-                    return -1
-                b = np.int64(src[ip])
-                ip += 1
-                lit += b
-                if b != 255:
-                    break
-        if lit > s1 - ip or lit > end - op:
+        lit, ip = _get_length(src, ip, s1, token >> 4)
+        if lit < 0 or lit > s1 - ip or lit > end - op:
             return -1
         _move(dst, op, src, ip, lit)
         ip += lit
@@ -190,16 +197,9 @@ def decompress_into(src, s0, s1, dst):
         ip += 2
         if off == 0 or off > op:
             return -1
-        ml = token & 15
-        if ml == 15:
-            while True:
-                if ip >= s1:
-                    return -1
-                b = np.int64(src[ip])
-                ip += 1
-                ml += b
-                if b != 255:
-                    break
+        ml, ip = _get_length(src, ip, s1, token & 15)
+        if ml < 0:
+            return -1
         ml += _MIN_MATCH
         if ml > end - op:
             return -1

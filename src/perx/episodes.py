@@ -339,7 +339,6 @@ class EpisodeStore:
         #: The folder whose file holds the observation ring (``ReplayBuffer(memmap=...)``), or None: in RAM.
         #: Only the ring is mapped: it is capacity-sized; the links, head and final observations stay in RAM.
         self.mapped: MappedFolder | None = None
-        self.packed = None
 
     # layouts -------------------------------------------------------------------------------------
     def check_spec(self, spec: dict) -> None:
