@@ -387,6 +387,54 @@ def test_study_verify_repeats_a_tiny_study_exactly_and_detects_an_altered_row(tm
     assert verify.main([str(root), "--steps", "400"]) == 1
 
 
+def test_study_regrouped_between_sessions_trains_only_unfinished_runs_and_verify_reruns_recorded_groups(tmp_path):
+    import json
+    import shutil
+
+    from perx.experiments import study, verify
+
+    quiet = dict(log=lambda *a: None)
+    spec = {"envs": ["CartPole-v1"], "variants": ["uniform", "per"], "seeds": [0, 1, 2], "order": "seeds",
+            "group": 4, "config": {**SMALL, "total_steps": 400, "eval_every": 200}}
+    root = tmp_path / "tiny"
+    study.run_study(root, spec, workers=1, **quiet)  # groups: seeds 0-1 (4 runs), seed 2 (2 runs)
+    env = root / "CartPole-v1"
+    kept = (env / "per" / "seed=0" / "metrics.csv").stat().st_mtime_ns
+    for v in ("uniform", "per"):  # as if the session had ended during the second group of the old grouping
+        shutil.rmtree(env / v / "seed=1")
+    # a change of anything but the scheduling is still refused
+    with pytest.raises(SystemExit, match="another grid"):
+        study.run_study(root, {**spec, "seeds": [0, 1]}, workers=1, **quiet)
+    # a run with a checkpoint of its old group refuses a regrouping, naming the run
+    (env / "uniform" / "seed=1" / "checkpoint").mkdir(parents=True)
+    (env / "uniform" / "seed=1" / "checkpoint" / "state-100.pt").write_text("x")
+    with pytest.raises(SystemExit, match="uniform/seed=1"):
+        study.run_study(root, {**spec, "group": 3}, workers=1, **quiet)
+    shutil.rmtree(env / "uniform" / "seed=1")
+    # groups of 3 cut across the old ones: [u0 p0 u1], [p1 u2 p2]; only u1 and p1 are trained, each alone
+    study.run_study(root, {**spec, "group": 3}, workers=1, **quiet)
+    saved = json.loads((root / "study.json").read_text())
+    assert saved["group"] == 3 and saved["regrouped"] == [{"group": 4, "interleave": None}]
+    assert (env / "per" / "seed=0" / "metrics.csv").stat().st_mtime_ns == kept  # finished runs: not trained again
+    partners = {f"{v}/seed={s}": json.loads((env / v / f"seed={s}" / "config.json").read_text())["lockstep"]
+                for v in ("uniform", "per") for s in (0, 1, 2)}
+    assert partners["per/seed=0"] == ["uniform/seed=0", "per/seed=0", "uniform/seed=1", "per/seed=1"]
+    assert (partners["uniform/seed=1"], partners["per/seed=1"]) == (["uniform/seed=1"], ["per/seed=1"])
+    # verify reruns each run in its recorded group: seeds 0-1 of the old grouping (seed 1 rerun, not checked
+    # there), then each retrained run alone, then seed 2; every checked run repeats its digits
+    groups = verify.recorded_groups(root, study.grid_runs(saved))
+    assert [([f"{c.variant}/seed={c.seed}" for _, c in g], checked) for g, checked in groups] == [
+        (partners["per/seed=0"], [True, True, False, False]),
+        (["uniform/seed=1"], [True]), (["per/seed=1"], [True]), (partners["per/seed=2"], [True, True])]
+    result = verify.verify(root, steps=400, **quiet)
+    assert [r["status"] for r in result["runs"]] == ["exact"] * 6
+    # a run recording partners the grid does not hold cannot be rerun as trained: refused, naming it
+    cfg = json.loads((env / "per" / "seed=2" / "config.json").read_text())
+    (env / "per" / "seed=2" / "config.json").write_text(json.dumps({**cfg, "lockstep": ["per/seed=7"]}))
+    with pytest.raises(SystemExit, match="per/seed=7"):
+        verify.recorded_groups(root, study.grid_runs(saved))
+
+
 def test_study_cells_name_their_runs_and_runs_differing_in_a_shared_field_get_separate_groups():
     from perx.experiments import study
 

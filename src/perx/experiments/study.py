@@ -201,22 +201,52 @@ def _train_group(job: tuple[list[Any], list[str], int]) -> str:
     return f"{configs[0].env_id} x{len(configs)} done in {time.time() - start:.0f} s"
 
 
+#: Spec fields that only schedule the runs (which share a process, in what order), not what runs.
+SCHEDULING = ("group", "interleave")
+
+
+def _regroup_check(root: Path, groups: list[list[tuple[str, Any]]]) -> None:
+    """Refuse to regroup a study while an unfinished run has a checkpoint: it would resume beside other
+    partners, and its numbers would mix two groups' rounding (finished runs record their partners)."""
+    busy = [str(d.relative_to(root)) for g in groups for name, c in g
+            for d in [run_dir(root, c.env_id, name, c.seed)]
+            if not (d / "done").exists() and (d / "checkpoint").is_dir() and any((d / "checkpoint").iterdir())]
+    if busy:
+        raise SystemExit(f"group: cannot regroup while runs {busy} have checkpoints of their old group; finish "
+                         f"them with the old group size, or remove their folders to start them again")
+
+
 def run_study(root: Path, spec: dict, workers: int, log=print) -> None:
+    """Run (or resume) the grid ``spec`` in ``root``. ``group`` and ``interleave`` may change between
+    sessions (a study regrouped to fit the time at hand) unless an unfinished run has a checkpoint;
+    study.json keeps the earlier values under ``regrouped``."""
     root.mkdir(parents=True, exist_ok=True)
     saved = root / "study.json"
+    groups = grid_runs(spec)
     if saved.exists():
         old = json.loads(saved.read_text())
+        history = old.pop("regrouped", [])
         if old != spec:
-            raise SystemExit(f"{saved} describes another grid; use another study name or remove it. Saved: {old}")
+            same_runs = ({k: v for k, v in old.items() if k not in SCHEDULING}
+                         == {k: v for k, v in spec.items() if k not in SCHEDULING})
+            if not same_runs:
+                raise SystemExit(f"{saved} describes another grid; use another study name or remove it. "
+                                 f"Saved: {old}")
+            _regroup_check(root, groups)
+            history.append({k: old.get(k) for k in SCHEDULING})
+            log(f"{root.name}: regrouped ({', '.join(f'{k} {old.get(k)} -> {spec.get(k)}' for k in SCHEDULING)}); "
+                f"finished runs keep the partners their config.json records")
+            saved.write_text(json.dumps({**spec, "regrouped": history}, indent=2) + "\n")
     else:
         saved.write_text(json.dumps(spec, indent=2) + "\n")
-    groups = grid_runs(spec)
     jobs = []
     for group in groups:
-        configs = [cfg for _, cfg in group]
-        dirs = [run_dir(root, c.env_id, name, c.seed) for name, c in group]
-        if all((d / "done").exists() for d in dirs):
+        # a finished run is never trained again (after a regrouping, a group may hold finished runs)
+        todo = [(cfg, d) for name, cfg in group for d in [run_dir(root, cfg.env_id, name, cfg.seed)]
+                if not (d / "done").exists()]
+        if not todo:
             continue
+        configs, dirs = [c for c, _ in todo], [d for _, d in todo]
         jobs.append((configs, [str(d) for d in dirs], len(jobs) % max(workers, 1)))
     total = sum(len(c) for c in groups)
     log(f"{root.name}: {total} runs in {len(groups)} lockstep groups; {len(jobs)} groups to run, {workers} workers")

@@ -8,8 +8,9 @@ reports, per run, either agreement in every recorded digit of ``metrics.csv`` up
 the machine differences recorded in ``config.json`` together with a statistical comparison of the rerun
 with the recorded values (paired by run and evaluation step).
 
-Runs are rerun in their lockstep groups as the grid formed them: the batched kernels round a run's numbers
-differently in groups of different sizes, so a run alone would not repeat its group's digits.
+Runs are rerun in the lockstep groups they were trained in (each run's config.json records its partners;
+the grid's groups where it does not): the batched kernels round a run's numbers differently in groups of
+different sizes, so a run alone, or in another group, would not repeat its group's digits.
 """
 
 from __future__ import annotations
@@ -51,6 +52,51 @@ def _machine_difference(run_dir: Path) -> dict[str, tuple[Any, Any]]:
     return {k: (saved.get(k), here.get(k)) for k in keys if saved.get(k) != here.get(k)}
 
 
+def _label(cfg: Any) -> str:
+    """A run as the runner's ``lockstep`` record names it."""
+    return f"{cfg.variant}/seed={cfg.seed}"
+
+
+def recorded_groups(root: Path, groups: list[list[tuple[str, Any]]]
+                    ) -> list[tuple[list[tuple[str, Any]], list[bool]]]:
+    """The lockstep groups the runs were trained in, as (group, checked) pairs: ``group`` is rerun together,
+    ``checked[i]`` says whether run i's files are compared with this rerun.
+
+    A run's config.json records its partners (``lockstep``); a run without the record was trained in its
+    grid group. Groups come in the order of their first run in the grid. After a study was regrouped
+    (``perx study --group``), a run may have been trained beside partners that were later retrained in
+    another group: such a partner is rerun (its config is the grid's) but checked only in its own group.
+    """
+    def record(name: str, cfg: Any) -> tuple[str, ...] | None:
+        try:
+            saved = json.loads((study.run_dir(root, cfg.env_id, name, cfg.seed) / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return tuple(saved["lockstep"]) if "lockstep" in saved else None
+
+    members: dict[tuple[str, tuple[str, ...]], list[tuple[str, Any]]] = {}
+    by_label: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+    for group in groups:
+        labels = tuple(_label(c) for _, c in group)
+        for run in group:  # the same tuple in both maps: ``checked`` below compares identities
+            name, cfg = run
+            by_label.setdefault((cfg.env_id, _label(cfg)), []).append(run)
+            members.setdefault((cfg.env_id, record(name, cfg) or labels), []).append(run)
+    out = []
+    for (env_id, labels), runs in members.items():
+        group = []
+        for label in labels:
+            mine = [r for r in runs if _label(r[1]) == label]
+            candidates = mine or by_label.get((env_id, label), [])
+            if len(candidates) != 1:
+                names = [str(study.run_dir(root, c.env_id, n, c.seed).relative_to(root)) for n, c in runs]
+                raise SystemExit(f"{env_id}: runs {names} record lockstep partners {list(labels)}, but the grid "
+                                 f"holds {len(candidates)} runs named {label}; they cannot be rerun as trained")
+            group.append(candidates[0])
+        out.append((group, [any(r is g for r in runs) for g in group]))
+    return out
+
+
 def verify(root: Path, steps: int | None = None, groups: int | None = None, sample_seed: int = 0,
            log=print) -> dict[str, Any]:
     """Rerun the first ``steps`` environment steps (default: up to the first evaluation) of the lockstep
@@ -64,8 +110,9 @@ def verify(root: Path, steps: int | None = None, groups: int | None = None, samp
         raise SystemExit(f"{root}: no study.json (not a study folder)")
     spec = json.loads(spec_path.read_text())
     _, train = study.agent(spec.get("agent", "dqn"))
-    all_groups = [g for g in study.grid_runs(spec)
-                  if all((study.run_dir(root, c.env_id, name, c.seed) / "metrics.csv").exists() for name, c in g)]
+    all_groups = [(g, checked) for g, checked in recorded_groups(root, study.grid_runs(spec))
+                  if all((study.run_dir(root, c.env_id, name, c.seed) / "metrics.csv").exists()
+                         for (name, c), check in zip(g, checked, strict=True) if check)]
     if not all_groups:
         raise SystemExit(f"{root}: no lockstep group with metrics for all its runs")
     chosen = list(range(len(all_groups)))
@@ -73,7 +120,7 @@ def verify(root: Path, steps: int | None = None, groups: int | None = None, samp
         chosen = sorted(np.random.default_rng(sample_seed).choice(len(chosen), size=groups, replace=False))
     runs, differences = [], []
     for gi in chosen:
-        group = all_groups[gi]
+        group, checked = all_groups[gi]
         configs = [c for _, c in group]
         first = configs[0]
         n = min(steps or first.eval_every, first.total_steps)
@@ -82,7 +129,9 @@ def verify(root: Path, steps: int | None = None, groups: int | None = None, samp
                              f"nothing would be compared")
         log(f"group {gi + 1}/{len(all_groups)}: {first.env_id} x{len(configs)}, rerunning {n:,} steps")
         rows = train(configs, None, stop_after=n)
-        for (name, cfg), rerun in zip(group, rows, strict=True):
+        for (name, cfg), rerun, check in zip(group, rows, checked, strict=True):
+            if not check:  # a partner retrained later in another group: checked there
+                continue
             d = study.run_dir(root, cfg.env_id, name, cfg.seed)
             recorded = [r for r in _recorded(d) if int(float(r["step"])) <= n]
             mismatch = None
