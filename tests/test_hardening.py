@@ -659,8 +659,10 @@ def test_a_locked_buffer_can_be_copied_and_pickled_and_the_copy_locks_itself():
 
     buf = perx.ReplayBuffer(20, perx.Proportional(alpha=0.6), seed=0, lock=True)
     buf.extend(**transitions(30))
-    for make in (copy.deepcopy, lambda b: pickle.loads(pickle.dumps(b))):
+    for make in (copy.deepcopy, copy.copy, lambda b: pickle.loads(pickle.dumps(b))):
         clone = make(buf)
+        # a copy shares nothing with the original: a shallow copy would share its rows and trees, not its lock
+        assert clone.sampler is not buf.sampler and clone._storage is not buf._storage
         assert isinstance(clone.lock, type(buf.lock)) and clone.lock is not buf.lock
         assert clone.add.__wrapped__.__self__ is clone and clone.sample.__wrapped__.__self__ is clone
         a, b = buf.sample(6, beta=0.5), clone.sample(6, beta=0.5)

@@ -153,6 +153,11 @@ def test_a_memmap_buffer_cannot_be_pickled_or_copied(tmp_path):
     buf.extend(**transitions(3))
     with pytest.raises(TypeError, match="cannot be pickled or copied"):
         pickle.dumps(buf)
+    import copy
+
+    for make in (copy.copy, copy.deepcopy):  # (a shallow copy would share the files and the open folder)
+        with pytest.raises(TypeError, match="cannot be pickled or copied"):
+            make(buf)
 
 
 def test_an_open_buffer_cannot_be_opened_twice(tmp_path):
@@ -293,6 +298,37 @@ def test_a_file_that_cannot_be_created_leaves_no_folder(tmp_path):
     with pytest.raises(MemoryError, match="memmap: cannot create"):
         perx.ReplayBuffer(2**40, spec={"x": ((2**16,), np.uint8)}, memmap=tmp_path / "new" / "buf")
     assert not (tmp_path / "new").exists()
+
+
+def test_a_full_disk_refuses_the_buffer_at_creation_naming_the_file(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    with pytest.raises(MemoryError, match=r"cannot create '.*rows\.npy'.*No space left on device"):
+        perx.ReplayBuffer(1000, spec={"x": ((8,), np.float32)}, memmap=tmp_path / "new" / "buf")
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "posix_fallocate"), reason="no posix_fallocate here")
+def test_a_new_buffer_file_has_its_disk_space_reserved(tmp_path):
+    # a sparse file would let a later store into an unbacked page raise SIGBUS on a full disk
+    import os
+
+    probe = tmp_path / "probe"
+    probe.write_bytes(b"")
+    try:
+        with open(probe, "r+b") as f:
+            os.posix_fallocate(f.fileno(), 0, 1 << 20)
+    except OSError:
+        pytest.skip("this file system cannot reserve space (the file stays sparse)")
+    buf = perx.ReplayBuffer(100_000, spec={"x": ((8,), np.float32)}, memmap=tmp_path / "b")
+    st = os.stat(tmp_path / "b" / "rows.npy")
+    assert st.st_size >= 100_000 * 32 and st.st_blocks * 512 >= st.st_size
+    buf.close()
 
 
 def test_opening_something_that_is_not_a_folder_says_so(tmp_path):

@@ -119,10 +119,67 @@ def test_a_writer_killed_holding_its_lock_is_dropped_without_blocking_the_learne
         while other.is_alive() or hub.pull():  # the other writer's rows keep coming while ring 0 is stuck
             hub.pull()
             assert time.monotonic() - t < 30
-        assert hub.dropped == [0] and hub.pulled == [0, 300]
+        # the 5 rows it published before it died are pulled (complete: the head moved after them), then the
+        # ring is dropped
+        assert hub.dropped == [0] and hub.pulled == [5, 300]
+        rows = buf.get(np.arange(len(buf)))
+        np.testing.assert_array_equal(np.sort(rows["seq"][rows["writer"] == 0]), np.arange(5))
         t = time.monotonic()
         hub.pull()
         assert time.monotonic() - t < 0.1  # the dropped ring is not waited for again
+
+
+def test_a_pull_interrupted_after_copying_rows_never_adds_them_twice():
+    buf = perx.ReplayBuffer(1000, perx.Proportional(), seed=0, spec=SPEC)
+    with SharedReplay(buf, 1, ring=8, context=CTX) as hub:
+        w = hub.writer(0)
+        w.extend(**_rows(0, np.arange(6)))
+        hub.pull()
+        w.extend(**_rows(0, np.arange(6, 12)))  # wraps: two parts, [6, 8) and [0, 4)
+        extend = buf.extend
+        calls = []
+
+        def interrupted(**fields):  # Ctrl-C once the first part is in the buffer, before the second
+            if calls:
+                raise KeyboardInterrupt
+            extend(**fields)
+            calls.append(len(fields["seq"]))
+
+        buf.extend = interrupted
+        with pytest.raises(KeyboardInterrupt):
+            hub.pull()
+        buf.extend = extend
+        assert calls == [2] and hub.pulled == [8]
+        hub.pull()
+        seq = buf.get(np.arange(len(buf)))["seq"]
+        np.testing.assert_array_equal(seq, np.arange(12))  # each row once, in order
+        w.extend(**_rows(0, np.arange(12, 20)))  # and every slot was freed: a full ring's worth fits
+        assert hub.pull() == 8 and len(buf) == 20
+
+
+def test_rings_left_by_a_killed_learner_are_reported_and_removed_and_live_ones_kept():
+    import secrets
+
+    from perx import shared
+
+    gone = CTX.Process(target=lambda: None)
+    gone.start()
+    gone.join(30)  # a pid that no process has now
+    stale = os.path.join(shared._shm_dir(), f"perx-shared-{gone.pid}-{secrets.token_hex(4)}-0")
+    with open(stale, "wb") as f:
+        f.write(b"\0" * 4096)
+    try:
+        buf = perx.ReplayBuffer(100, perx.Uniform(), spec=SPEC)
+        with pytest.warns(UserWarning, match=r"ring files of learners that are gone .*remove_stale_rings"):
+            hub = SharedReplay(buf, 1, ring=16, context=CTX)
+        live = hub.writer(0)._path  # this learner's ring: alive, listed nowhere
+        assert stale in map(str, shared.stale_rings()) and live not in map(str, shared.stale_rings())
+        assert shared.remove_stale_rings() >= 1
+        assert not os.path.exists(stale) and os.path.exists(live)
+        hub.close()
+    finally:
+        if os.path.exists(stale):
+            os.unlink(stale)
 
 
 def test_bad_rows_are_refused_in_the_writer_and_nothing_is_published():

@@ -20,6 +20,7 @@ overwrites: a second copy of the data, which is what a memmap buffer exists to a
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import mmap
 import os
@@ -51,6 +52,23 @@ class MappedCreateError(MemoryError):
 def _alive(pid: object) -> bool:
     """Whether process ``pid`` (> 0) runs on this host (``_atomic``'s check; 0 and negative ids name groups)."""
     return isinstance(pid, int) and pid > 0 and _atomic._alive(pid)
+
+
+def _reserve(file: Path) -> None:
+    """Allocate the disk blocks of a new (sparse) file now, so that a full disk refuses the buffer when it is
+    created, with an error naming the file, instead of killing the process later: a store into a page of
+    a mapped file that the file system cannot back raises SIGBUS, which Python cannot catch. Where the file
+    system cannot reserve space (``posix_fallocate`` unsupported) the file stays sparse."""
+    if not hasattr(os, "posix_fallocate"):  # (not on macOS or Windows)
+        return
+    fd = os.open(file, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+    finally:
+        os.close(fd)
 
 
 def zeros(mapped: MappedFolder | None, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -131,8 +149,8 @@ class MappedFolder:
         _fsync_dir(self.path)
 
     def array(self, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """The array ``name`` of ``shape`` and ``dtype``: a new zero-filled file (sparse where the file system
-        allows), or in a reopened folder the existing one, which must match. Returned as a plain ndarray
+        """The array ``name`` of ``shape`` and ``dtype``: a new zero-filled file with its disk space reserved
+        (:func:`_reserve`), or in a reopened folder the existing one, which must match. Returned as a plain ndarray
         over the mapping (the compiled kernels take no ndarray subclass)."""
         dtype = np.dtype(dtype)
         if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize == 0:
@@ -153,6 +171,7 @@ class MappedFolder:
                 self.created.insert(0, file)  # before creating it: a failed creation can leave the file
             try:
                 mm = np.lib.format.open_memmap(file, mode="w+", dtype=dtype, shape=tuple(shape))
+                _reserve(file)
             except (OSError, ValueError) as err:
                 raise MappedCreateError(f"memmap: cannot create {str(file)!r} for {dtype}{list(shape)} "
                                   f"({int(np.prod(shape, dtype=np.int64)) * dtype.itemsize / 2**30:.3g} GiB): "

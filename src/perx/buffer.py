@@ -267,6 +267,14 @@ class ReplayBuffer:
             for name in _LOCKED:
                 setattr(self, name, _locked(getattr(self, name), self.lock))
 
+    def __copy__(self) -> ReplayBuffer:
+        """``copy.copy(buf)`` is an independent copy, as ``copy.deepcopy``: a shallow copy would share the
+        rows, trees and generator with the original but not its lock, so two threads could write one buffer
+        under two locks. (A memmap buffer cannot be copied: its rows are files; ``save()`` writes a copy.)"""
+        import copy
+
+        return copy.deepcopy(self)
+
     def __getstate__(self) -> dict:
         # a lock (and the locked methods around it) cannot be pickled: a copy or an unpickled buffer gets a
         # new lock of its own. Hold ``buf.lock`` while pickling if other threads may write meanwhile. The methods

@@ -27,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import re
 import secrets
 import tempfile
 import time
+import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -66,6 +68,29 @@ def _unlink(paths: list[str]) -> None:
             os.unlink(path)
         except FileNotFoundError:
             pass
+
+
+_RING_NAME = re.compile(r"perx-shared-(\d+)-[0-9a-f]{8}-\d+")
+
+
+def stale_rings(directory: str | os.PathLike | None = None) -> list[Path]:
+    """Ring files whose learner process no longer runs on this host, in ``directory`` (default: where rings
+    are made, ``/dev/shm`` or the temporary folder). A learner killed before :meth:`SharedReplay.close` (kill
+    -9, a crash: no finalizer runs) leaves its rings there, holding memory until they are removed. (A learner
+    in another PID namespace that shares the folder, a container with ``--ipc=host``, looks gone from here.)"""
+    out = []
+    for path in sorted(Path(directory if directory is not None else _shm_dir()).glob("perx-shared-*")):
+        m = _RING_NAME.fullmatch(path.name)
+        if m is not None and not _alive(int(m.group(1))):
+            out.append(path)
+    return out
+
+
+def remove_stale_rings(directory: str | os.PathLike | None = None) -> int:
+    """Remove :func:`stale_rings` (writers still attached keep their mappings); returns how many."""
+    stale = stale_rings(directory)
+    _unlink([str(p) for p in stale])
+    return len(stale)
 
 
 class _Ring:
@@ -208,6 +233,11 @@ class SharedReplay:
         if _RowLayout(flat).loose:
             raise ValueError(f"buffer: every field must take bytes in a row; got {_short(spec)}")
         ctx = context if context is not None else multiprocessing.get_context()
+        stale = stale_rings()
+        if stale:
+            held = sum(p.stat().st_size for p in stale if p.exists()) / 2**20
+            warnings.warn(f"{len(stale)} ring files of learners that are gone ({held:.1f} MiB) are in {_shm_dir()}: "
+                          f"perx.shared.remove_stale_rings() removes them", stacklevel=2)
         self.buffer = buffer
         self._spec = flat
         self._size = ring
@@ -231,9 +261,10 @@ class SharedReplay:
             raise
         # the rings' files go when this object does (or at exit), if close() was not called
         self._finalizer = weakref.finalize(self, _unlink, [r.path for r in self._rings])
-        #: Indices of rings dropped because their writer died holding the ring's lock.
+        #: Indices of rings dropped because their writer died holding the ring's lock (their published rows
+        #: were pulled first).
         self.dropped: list[int] = []
-        #: Rows pulled from each writer so far.
+        #: Rows pulled from each writer so far (in the buffer).
         self.pulled = [0] * writers
 
     def writer(self, k: int) -> SharedWriter:
@@ -244,40 +275,60 @@ class SharedReplay:
 
     def pull(self) -> int:
         """Move every row the writers have published into the buffer (``extend``, in ring order per writer);
-        returns how many. O(rows pulled)."""
+        returns how many. O(rows pulled).
+
+        Rows are counted as pulled (:attr:`pulled`) as soon as they are in the buffer, before their slots are
+        freed: a pull interrupted between the two (``KeyboardInterrupt``) never adds a row twice. A writer that
+        died holding its ring's lock can write nothing more, and every row below its published head was
+        complete before the head moved: those rows are still pulled, then the ring is dropped."""
         total = 0
         for k, ring in enumerate(self._rings):
             if k in self.dropped:
                 continue
             lock = self._locks[k]
-            if not lock.acquire(timeout=self._lock_timeout):
-                if not _alive(int(ring.header[_WRITER])):
-                    self.dropped.append(k)  # its writer died holding the lock: nothing more comes from it
+            dead = False
+            if lock.acquire(timeout=self._lock_timeout):
+                try:
+                    head = int(ring.header[_HEAD])
+                finally:
+                    lock.release()
+            elif not _alive(int(ring.header[_WRITER])):
+                head, dead = int(ring.header[_HEAD]), True
+            else:
+                continue  # busy: next pull
+            total += self._take(k, ring, head)
+            if dead:
+                self.dropped.append(k)
                 continue
-            try:
-                head, tail = int(ring.header[_HEAD]), int(ring.header[_TAIL])
-            finally:
-                lock.release()
-            n = head - tail
-            if n == 0:
+            if int(ring.header[_TAIL]) == self.pulled[k]:  # (only the learner writes the tail)
                 continue
-            first = tail % self._size
-            cut = min(n, self._size - first)
-            self.buffer.extend(**{name: f[first : first + cut] for name, f in ring.fields.items()})
-            if cut < n:
-                self.buffer.extend(**{name: f[: n - cut] for name, f in ring.fields.items()})
-            self.pulled[k] += n
             # free the slots only after their rows are copied out; a writer that died holding the lock meanwhile
             # has its ring dropped (its rows so far are in the buffer)
             while not lock.acquire(timeout=self._lock_timeout):
                 if not _alive(int(ring.header[_WRITER])):
+                    total += self._take(k, ring, int(ring.header[_HEAD]))
                     self.dropped.append(k)
                     break
             else:
-                ring.header[_TAIL] = head
+                ring.header[_TAIL] = self.pulled[k]
                 lock.release()
-            total += n
         return total
+
+    def _take(self, k: int, ring: _Ring, head: int) -> int:
+        """Extend the buffer by ring k's rows from :attr:`pulled` [k] (may be ahead of the ring's tail, after an
+        interrupted pull) up to ``head``; each part is counted the moment it is in the buffer."""
+        start = self.pulled[k]
+        n = head - start
+        if n <= 0:
+            return 0
+        first = start % self._size
+        cut = min(n, self._size - first)
+        self.buffer.extend(**{name: f[first : first + cut] for name, f in ring.fields.items()})
+        self.pulled[k] = start + cut
+        if cut < n:
+            self.buffer.extend(**{name: f[: n - cut] for name, f in ring.fields.items()})
+            self.pulled[k] = head
+        return n
 
     def sample(self, batch_size: int, beta: float = 1.0, **kwargs: Any) -> Any:
         """:meth:`pull`, then ``buffer.sample``."""
