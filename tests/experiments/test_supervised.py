@@ -101,3 +101,73 @@ def test_mnist1d_split_keeps_one_percent_of_its_rare_classes_and_trains_a_1d_net
     assert [r["update"] for r in rows] == [0, 10, 20, 30]
     assert rows[-1]["train_loss"] < rows[0]["train_loss"]
 
+
+
+def _curve_rows(method, lr, seed, values, step=100):
+    return [{"method": method, "lr": lr, "seed": seed, "update": i * step, "test_errors": v, "test_loss": 1.0,
+             "test_balanced_error": v / 100, "val_balanced_error": v / 100, "train_errors": 0, "train_loss": 1.0,
+             "seconds": 0.0} for i, v in enumerate(values)]
+
+
+def test_speedup_is_updates_to_reach_uniforms_final_level_over_the_methods():
+    steps = np.arange(13) * 100  # 0 .. 1200
+    curves = {"uniform": np.maximum(10, 100 - 0.09 * steps),       # reaches its final level 10 at 1000
+              "prioritized": np.maximum(10, 100 - 0.27 * steps),   # <= 10 from 333.3: first evaluation 400
+              "informed": np.full(13, 50.0)}                       # never reaches it
+    rows = [r for m, v in curves.items() for s in range(3) for r in _curve_rows(m, 0.1, s, v)]
+    chosen = [{"method": m, "lr": 0.1} for m in curves]
+    fast = {f["method"]: f for f in supervised.speedups(rows, chosen)}
+    assert fast["uniform"]["speedup"] == 1.0 and fast["uniform"]["uniform_updates"] == 1000
+    p = fast["prioritized"]
+    assert (p["target"], p["updates"], p["speedup"]) == (10.0, 400, 2.5)
+    assert (p["low"], p["high"], p["reached"]) == (2.5, 2.5, 1.0)  # identical seeds: no spread
+    i = fast["informed"]
+    assert i["updates"] == np.inf and i["speedup"] == 0.0 and i["reached"] == 0.0
+
+
+def test_speedup_interval_reflects_the_spread_over_seeds():
+    steps = np.arange(13) * 100
+    rng = np.random.default_rng(0)
+    rows = []
+    for s in range(10):
+        rows += _curve_rows("uniform", 0.1, s, np.maximum(10, 100 - 0.09 * steps))
+        rate = 0.27 * rng.uniform(0.5, 1.5)  # each seed of the method learns at its own speed
+        rows += _curve_rows("prioritized", 0.1, s, np.maximum(10, 100 - rate * steps))
+    (_, p) = supervised.speedups(rows, [{"method": "uniform", "lr": 0.1}, {"method": "prioritized", "lr": 0.1}])
+    assert p["low"] <= p["speedup"] <= p["high"] and p["low"] < p["high"]
+    assert 1.0 < p["low"] and p["high"] <= 1000 / 200
+
+
+def test_median_band_is_the_bootstrap_interval_of_the_median_and_stays_in_the_seeds_range():
+    values = np.array([[1.0, 5.0], [2.0, 5.0], [3.0, 5.0], [10.0, 5.0]])
+    med, lo, hi = supervised.median_band(values)
+    np.testing.assert_array_equal(med, [2.5, 5.0])
+    assert 1.0 <= lo[0] < 2.5 < hi[0] <= 10.0 and lo[1] == hi[1] == 5.0
+
+
+def test_select_seeds_runs_the_other_seeds_only_at_each_methods_chosen_step_size(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_run(method, lr, seed, cfg, data=None):
+        calls.append((method, lr, seed))
+        error = 0.1 if lr == 0.01 else 0.5  # 0.01 is every method's best step size
+        return [{"method": method, "lr": lr, "seed": seed, "update": u, "test_errors": 100 * error,
+                 "test_loss": 1.0, "test_balanced_error": error, "val_balanced_error": error, "train_errors": 0,
+                 "train_loss": 1.0, "seconds": 0.0} for u in range(cfg.updates + 1)]
+
+    monkeypatch.setattr(supervised, "run_one", fake_run)
+    out = tmp_path / "sup"
+    args = ["--updates", "2", "--eval-every", "1", "--seeds", "4", "--select-seeds", "2", "--learning-rates", "0.1",
+            "0.01", "--methods", "uniform", "prioritized", "--workers", "1", "--out", str(out)]
+    assert supervised.main(args) == 0
+    stage1 = {(m, lr, s) for m in ("uniform", "prioritized") for lr in (0.1, 0.01) for s in (0, 1)}
+    stage2 = {(m, 0.01, s) for m in ("uniform", "prioritized") for s in (2, 3)}
+    assert set(calls[:8]) == stage1 and set(calls[8:]) == stage2 and len(calls) == 12
+    import csv
+
+    summary = list(csv.DictReader(open(out / "summary.csv")))
+    assert [(r["method"], r["lr"], r["seeds"]) for r in summary] == [("uniform", "0.01", "4"),
+                                                                     ("prioritized", "0.01", "4")]
+    assert (out / "speedup.csv").exists()
+    with pytest.raises(SystemExit):
+        supervised.main([*args[:6], "--select-seeds", "5"])  # more selection seeds than seeds: refused

@@ -75,6 +75,9 @@ class Config:
     """"digits" (scikit-learn's 8x8) or "mnist1d" (generated locally)."""
     samples: int = 70_000
     """MNIST-1D examples generated (all classes, before the split); ignored for digits."""
+    select_seeds: int | None = None
+    """Seeds run at every step size to choose each method's step size; the other seeds (up to ``seeds``) run at
+    the chosen one only. None: every seed at every step size (the committed digits study)."""
 
 
 def _split(cfg: Config, y: np.ndarray) -> dict[str, list[np.ndarray]]:
@@ -257,19 +260,105 @@ def select(rows: list[dict], cfg: Config) -> list[dict]:
     for method in cfg.methods:
         best = None
         for lr in cfg.learning_rates:
-            finals = [max((r for r in rows if r["method"] == method and r["lr"] == lr and r["seed"] == s),
-                          key=lambda r: r["update"], default=None) for s in range(cfg.seeds)]
-            if any(f is None or f["update"] < cfg.updates or not np.isfinite(f["test_loss"]) for f in finals):
+            finals = _finals(rows, method, lr, range(cfg.select_seeds or cfg.seeds), cfg)
+            if finals is None:
                 continue  # missing or diverged
             val = float(np.median([f["val_balanced_error"] for f in finals]))
-            if best is None or val < best["median_val_balanced_error"]:
-                best = {"method": method, "lr": lr, "median_val_balanced_error": val,
-                        "median_test_errors": float(np.median([f["test_errors"] for f in finals])),
-                        "median_test_balanced_error": float(np.median([f["test_balanced_error"] for f in finals])),
-                        "median_test_loss": float(np.median([f["test_loss"] for f in finals])),
-                        "median_train_errors": float(np.median([f["train_errors"] for f in finals]))}
-        if best is not None:
-            out.append(best)
+            if best is None or val < best[0]:
+                best = (val, lr)
+        if best is None:
+            continue
+        finals = _finals(rows, method, best[1], range(cfg.seeds), cfg)
+        if finals is None:  # (the remaining seeds are not all finished yet: report the selection seeds)
+            finals = _finals(rows, method, best[1], range(cfg.select_seeds or cfg.seeds), cfg)
+        assert finals is not None
+        out.append({"method": method, "lr": best[1], "median_val_balanced_error": best[0], "seeds": len(finals),
+                    "median_test_errors": float(np.median([f["test_errors"] for f in finals])),
+                    "median_test_balanced_error": float(np.median([f["test_balanced_error"] for f in finals])),
+                    "median_test_loss": float(np.median([f["test_loss"] for f in finals])),
+                    "median_train_errors": float(np.median([f["train_errors"] for f in finals]))})
+    return out
+
+
+def _finals(rows: list[dict], method: str, lr: float, seeds: range, cfg: Config) -> list[dict] | None:
+    """The last row of each seed's run, or None if one is missing, unfinished or diverged."""
+    finals = [max((r for r in rows if r["method"] == method and r["lr"] == lr and r["seed"] == s),
+                  key=lambda r: r["update"], default=None) for s in seeds]
+    if any(f is None or f["update"] < cfg.updates or not np.isfinite(f["test_loss"]) for f in finals):
+        return None
+    return finals
+
+
+def seed_curves(rows: list[dict], method: str, lr: float, key: str) -> tuple[np.ndarray, np.ndarray]:
+    """(updates [T], values [seeds, T]) of ``key`` for the finished seeds of one method and step size."""
+    sel = [r for r in rows if r["method"] == method and r["lr"] == lr]
+    steps = np.array(sorted({r["update"] for r in sel}))
+    by_seed: dict[int, dict[int, float]] = {}
+    for r in sel:
+        by_seed.setdefault(r["seed"], {})[r["update"]] = r[key]
+    full = [s for s in sorted(by_seed) if len(by_seed[s]) == len(steps)]
+    return steps, np.array([[by_seed[s][u] for u in steps] for s in full], dtype=float)
+
+
+def median_band(values: np.ndarray, level: float = 0.95, resamples: int = 2000, seed: int = 0
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(median, low, high) over seeds at each evaluation: the median of ``values`` [seeds, T] and a percentile
+    bootstrap interval of it (seeds resampled with a fixed seed). Never outside the seeds' range."""
+    med = np.median(values, axis=0)
+    if len(values) < 2:
+        return med, med, med
+    idx = np.random.default_rng(seed).integers(0, len(values), size=(resamples, len(values)))
+    boot = np.median(values[idx], axis=1)
+    tail = (1 - level) / 2
+    return med, np.quantile(boot, tail, axis=0), np.quantile(boot, 1 - tail, axis=0)
+
+
+def _first_reach(steps: np.ndarray, curve: np.ndarray, target: float) -> float:
+    """The first evaluation at which ``curve`` is at or below ``target`` (inf if never)."""
+    hit = np.flatnonzero(curve <= target)
+    return float(steps[hit[0]]) if len(hit) else float("inf")
+
+
+def speedups(rows: list[dict], chosen: list[dict], key: str = "test_errors", tail: float = 0.1,
+             resamples: int = 2000, seed: int = 0) -> list[dict]:
+    """000 Sec. 6's speed-up, per method at its chosen step size: the updates uniform's median curve needs to
+    first reach uniform's final level (its median over the last ``tail`` of the evaluations), divided by the
+    updates the method's median curve needs to reach that level. With a 95% percentile bootstrap interval:
+    the seeds of uniform and of the method are resampled independently and the whole computation repeated
+    (a resample whose method never reaches the level counts as speed-up 0). ``reached`` is the share of
+    resamples in which the method reaches it."""
+    lr = {c["method"]: c["lr"] for c in chosen}
+    if "uniform" not in lr:
+        return []
+    steps, uni = seed_curves(rows, "uniform", lr["uniform"], key)
+    last = max(1, round(tail * len(steps)))
+
+    def ratio(u: np.ndarray, m: np.ndarray) -> float:
+        u_med, m_med = np.median(u, axis=0), np.median(m, axis=0)
+        target = float(np.mean(u_med[-last:]))
+        t_u, t_m = _first_reach(steps, u_med, target), _first_reach(steps, m_med, target)
+        if not np.isfinite(t_m):
+            return 0.0
+        return 1.0 if t_m == t_u else (t_u / t_m if t_m > 0 else float("inf"))
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for c in chosen:
+        m_steps, m = seed_curves(rows, c["method"], c["lr"], key)
+        if len(m) == 0 or len(uni) == 0 or not np.array_equal(m_steps, steps):
+            continue
+        point = ratio(uni, m)
+        boot = np.array([ratio(uni[rng.integers(0, len(uni), len(uni))], m[rng.integers(0, len(m), len(m))])
+                         for _ in range(resamples)])
+        u_med = np.median(uni, axis=0)
+        target = float(np.mean(u_med[-last:]))
+        out.append({"method": c["method"], "lr": c["lr"], "target": target,
+                    "uniform_updates": _first_reach(steps, u_med, target),
+                    "updates": _first_reach(steps, np.median(m, axis=0), target), "speedup": point,
+                    # (no interpolation between order statistics: a resample may give inf)
+                    "low": float(np.quantile(boot, 0.025, method="inverted_cdf")),
+                    "high": float(np.quantile(boot, 0.975, method="inverted_cdf")),
+                    "reached": float(np.mean(boot > 0)), "seeds": len(m), "uniform_seeds": len(uni)})
     return out
 
 
@@ -303,10 +392,13 @@ def plot(rows: list[dict], chosen: list[dict], n_test: int, path: Path, kept: st
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for c in chosen:
-        label = f"{c['method']} (step size {c['lr']:g})"
+        color = STYLE.get(c["method"], "gray")
         for ax, key in zip(axes, ("test_errors", "test_loss", "train_errors"), strict=True):
-            x, y = curves(rows, c["method"], c["lr"], key)
-            ax.plot(x, y, color=STYLE.get(c["method"], "gray"), label=label, lw=1.6)
+            x, values = seed_curves(rows, c["method"], c["lr"], key)
+            med, lo, hi = median_band(values)
+            ax.plot(x, med, color=color, lw=1.6,
+                    label=f"{c['method']} (step size {c['lr']:g}, {len(values)} seeds)")
+            ax.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
     axes[0].set_ylabel(f"misclassified test digits (of {n_test})")
     axes[1].set_ylabel("test loss (NLL)")
     axes[2].set_ylabel("misclassified training digits")
@@ -315,8 +407,8 @@ def plot(rows: list[dict], chosen: list[dict], n_test: int, path: Path, kept: st
         ax.grid(alpha=0.3)
     axes[1].set_yscale("log")
     axes[0].legend(fontsize=8, loc="upper right")
-    fig.suptitle(f"Class-imbalanced digits ({kept}): median of the seeds at each method's best step size "
-                 "(000 Fig. 5)", fontsize=10)
+    fig.suptitle(f"Class-imbalanced digits ({kept}): median of the seeds at each method's best step size, "
+                 "95% bootstrap interval of the median shaded (000 Fig. 5)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -331,6 +423,12 @@ def write_outputs(rows: list[dict], cfg: Config, out: Path) -> list[dict]:
             writer.writerows(chosen)
         n_test = len(load_split(cfg)["y_test"])
         plot(rows, chosen, n_test, out / "supervised.png", keep_label(cfg))
+        fast = speedups(rows, chosen)
+        if fast:
+            with open(out / "speedup.csv", "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(fast[0]))
+                writer.writeheader()
+                writer.writerows(fast)
     return chosen
 
 
@@ -345,6 +443,9 @@ def build_parser(prog: str = "perx supervised") -> argparse.ArgumentParser:
     parser.add_argument("--updates", type=int, default=d.updates)
     parser.add_argument("--eval-every", type=int, default=d.eval_every)
     parser.add_argument("--seeds", type=int, default=d.seeds)
+    parser.add_argument("--select-seeds", type=int, default=d.select_seeds,
+                        help="run only this many seeds at every step size; the rest of --seeds at each method's "
+                             "chosen step size (default: every seed at every step size)")
     parser.add_argument("--keep", type=float, default=d.keep, help="share of the 0-4 training examples kept")
     parser.add_argument("--data", choices=DATA, default=d.data,
                         help="digits: scikit-learn's 8x8; mnist1d: MNIST-1D generated locally (pip install mnist1d)")
@@ -369,9 +470,11 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
         parser.error(f"--keep: must lie in (0, 1], got {args.keep}")
     if args.samples < 100:
         parser.error(f"--samples: at least 100, got {args.samples}")
+    if args.select_seeds is not None and not 1 <= args.select_seeds <= args.seeds:
+        parser.error(f"--select-seeds: must lie in [1, --seeds = {args.seeds}], got {args.select_seeds}")
     cfg = Config(updates=args.updates, eval_every=args.eval_every, seeds=args.seeds, keep=args.keep,
                  learning_rates=tuple(args.learning_rates), methods=tuple(args.methods), data=args.data,
-                 samples=args.samples)
+                 samples=args.samples, select_seeds=args.select_seeds)
     out = Path(args.out)
     runs_path = out / "runs.csv"
     if args.plot_only:  # reads and writes OUT only, and creates nothing when OUT holds no runs
@@ -391,7 +494,7 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
         if not chosen:
             print(f"perx supervised: no finished runs in {runs_path}; nothing written", file=sys.stderr)
             return 1
-        print_table(chosen)
+        print_table(chosen, speedups(rows, chosen))
         print(f"\nwrote {out}/summary.csv, supervised.png from {runs_path}")
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -413,19 +516,24 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
     (out / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     done = {(r["method"], r["lr"], r["seed"]) for r in rows if r["update"] == cfg.updates}
     rows = [r for r in rows if (r["method"], r["lr"], r["seed"]) in done]  # drop half-written runs
-    jobs = [(m, lr, s, cfg) for m in cfg.methods for lr in cfg.learning_rates for s in range(cfg.seeds)
+    every = range(cfg.select_seeds or cfg.seeds)  # seeds run at every step size
+    jobs = [(m, lr, s, cfg) for m in cfg.methods for lr in cfg.learning_rates for s in every
             if (m, lr, s) not in done]
-    print(f"training set per class {counts['train']}; {len(jobs)} runs to go")
+    print(f"training set per class {counts['train']}; {len(jobs)} runs to go"
+          + (f" before the step sizes are chosen ({len(every)} seeds each)" if cfg.select_seeds else ""))
     with open(runs_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)
-        for run_rows in _execute(jobs, args.workers):
-            writer.writerows(run_rows)
-            f.flush()
-            rows.extend(run_rows)
+        f.flush()
+        _run_into(jobs, args.workers, writer, f, rows)
+        if cfg.select_seeds:  # then the other seeds at each method's chosen step size (B.3's selection)
+            jobs = [(c["method"], c["lr"], s, cfg) for c in select(rows, cfg)
+                    for s in range(cfg.select_seeds, cfg.seeds) if (c["method"], c["lr"], s) not in done]
+            print(f"step sizes chosen; {len(jobs)} runs of seeds {cfg.select_seeds}-{cfg.seeds - 1} to go")
+            _run_into(jobs, args.workers, writer, f, rows)
     chosen = write_outputs(rows, cfg, out)
-    print_table(chosen)
+    print_table(chosen, speedups(rows, chosen))
     print(f"\nwrote {out}/runs.csv, summary.csv, meta.json, supervised.png")  # last: where the results are
     return 0
 
@@ -434,12 +542,27 @@ def _execute(jobs, workers):
     return run_jobs(_run_job, jobs, workers, "supervised runs")
 
 
-def print_table(chosen: list[dict]) -> None:
-    print("| method | step size | test errors | test balanced error | test loss | training errors |")
-    print("|---|---|---|---|---|---|")
+def _run_into(jobs, workers, writer, f, rows: list[dict]) -> None:
+    """Run ``jobs``, writing each finished run's rows (flushed: --resume keeps them) and adding them to rows."""
+    for run_rows in _execute(jobs, workers):
+        writer.writerows(run_rows)
+        f.flush()
+        rows.extend(run_rows)
+
+
+def print_table(chosen: list[dict], fast: list[dict] | None = None) -> None:
+    """The summary as markdown: final medians, and 000's speed-up over uniform with its interval."""
+    speed = {f["method"]: f for f in fast or []}
+    print("| method | step size | seeds | test errors | test balanced error | test loss | training errors "
+          "| updates to uniform's final test errors | speed-up (95% interval) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for c in chosen:
-        print(f"| {c['method']} | {c['lr']:g} | {c['median_test_errors']:.0f} | "
-              f"{c['median_test_balanced_error']:.3f} | {c['median_test_loss']:.3f} | {c['median_train_errors']:.0f} |")
+        f = speed.get(c["method"])
+        reach = "-" if f is None else ("not reached" if not np.isfinite(f["updates"]) else f"{f['updates']:.0f}")
+        gain = "-" if f is None else f"{f['speedup']:.2f}x ({f['low']:.2f}-{f['high']:.2f})"
+        print(f"| {c['method']} | {c['lr']:g} | {c.get('seeds', '-')} | {c['median_test_errors']:.0f} | "
+              f"{c['median_test_balanced_error']:.3f} | {c['median_test_loss']:.3f} | {c['median_train_errors']:.0f} "
+              f"| {reach} | {gain} |")
 
 
 if __name__ == "__main__":
