@@ -216,6 +216,22 @@ def _decoded(ring: _lz4.PackedUnits, i: int) -> np.ndarray:
     return out[0]
 
 
+def test_a_block_outside_the_arena_is_refused_not_read():
+    """Offsets of a grown arena read against the old one (a buffer shared by threads without lock=True): the
+    decoder must not read past the arena's end."""
+    unit = np.arange(64, dtype=np.uint8)
+    ring = _lz4.PackedUnits(4, (64,), np.dtype(np.uint8))
+    ring.put(np.array([0], np.int64), unit[None])
+    off, length = int(ring.offs[0]), int(ring.lens[0])
+    np.testing.assert_array_equal(_decoded(ring, 0), unit)
+    out = np.empty((1, 64), np.uint8)
+    stale = ring.arena[: off + length - 1]  # the block's last byte lies beyond this arena
+    with pytest.raises(ValueError, match="does not decode to one unit"):
+        _lz4.unpack_row(out, 0, stale, off, length)
+    with pytest.raises(ValueError, match="does not decode to one unit"):
+        _lz4.unpack_row(out, 0, ring.arena, -1, length)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_every_live_unit_survives_random_batches_growth_gaps_and_restores(seed, monkeypatch):
     """Batches of any size (larger than the ring too: skipped ids), a tiny arena that wraps and grows, and

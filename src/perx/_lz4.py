@@ -224,7 +224,10 @@ def unpack_row(dst, d, arena, off, length):
         for t in range(row.shape[0]):
             row[t] = 0
         return
-    if decompress_into(arena, off, off + length, row) != row.shape[0]:
+    # the block must lie inside this arena: offsets read while another thread grew and compacted the arena
+    # (a buffer shared without lock=True) would otherwise send the decoder's reads past its end
+    if off < 0 or length > arena.shape[0] - off or \
+            decompress_into(arena, off, off + length, row) != row.shape[0]:
         raise ValueError("compressed observation unit does not decode to one unit")
 
 
