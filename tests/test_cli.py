@@ -185,3 +185,10 @@ def test_every_registered_agent_has_a_config_variants_and_train():
         config_class, train = agent(name)
         assert dataclasses.is_dataclass(config_class) and callable(train)
         assert importlib.import_module(module).VARIANTS and set(defaults) == {"envs", "variants", "total_steps"}
+
+
+def test_a_one_seed_cell_states_the_seed_count_instead_of_a_zero_interval():
+    from perx.experiments.study import mean_cell
+
+    assert mean_cell([3.0]) == "3.00 (1 seed)"  # no interval exists for one seed; "± 0.00" would claim one
+    assert mean_cell([1.0, 3.0]) == "2.00 ± 12.71"  # t(0.975, 1) * sd 1.414 / sqrt 2

@@ -301,6 +301,13 @@ def t_interval(values: list[float]) -> tuple[float, float]:
     return mean, float(stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n))
 
 
+def mean_cell(values: list[float]) -> str:
+    """A table cell: the mean with its 95% t half-width, or with one value "x (1 seed)": no interval exists,
+    and "± 0.00" would claim a certainty one seed cannot give."""
+    mean, half = t_interval(values)
+    return f"{mean:.2f} (1 seed)" if len(values) < 2 else f"{mean:.2f} ± {half:.2f}"
+
+
 def final_score(rows: list[dict], last: int = 10) -> float:
     """Mean evaluation return over the last ``last`` evaluations (004 D.2)."""
     tail = rows[-last:]
@@ -341,10 +348,14 @@ def plot(root: Path, log=print) -> dict:
                     means.append(sum(vals) / len(vals))
                     lows.append(low)
                     highs.append(high)
-            line = ax.plot(xs, means, label=f"{v} ({len(seeds)} seeds)")[0]
-            ax.fill_between(xs, lows, highs, color=line.get_color(), alpha=0.15, linewidth=0)
+            color = f"C{variants.index(v) % 10}"  # one colour per variant in every panel
+            ax.plot(xs, means, label=v, color=color)
+            ax.fill_between(xs, lows, highs, color=color, alpha=0.15, linewidth=0)
             finals.setdefault(env, {})[v] = seeds
-        ax.set_title(env)
+        counts = {v: len(seeds) for v, seeds in data[env].items() if seeds}
+        n = sorted(set(counts.values()))
+        ax.set_title(f"{env} ({n[0]} seed{'s' if n[0] > 1 else ''})" if len(n) == 1 else
+                     f"{env} (seeds: " + ", ".join(f"{v} {c}" for v, c in counts.items()) + ")", fontsize=10)
         ax.set_xlabel("environment steps")
         ax.set_ylabel("evaluation return")
         ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1e6:g}M" if x >= 1e6 else f"{x / 1e3:g}k")
@@ -379,7 +390,7 @@ def plot(root: Path, log=print) -> dict:
                     f.write(f"{env},{v},{s},{score:.4f},{common[env]}\n")
     means = {env: {v: t_interval(list(finals[env][v].values())) for v in finals.get(env, {})} for env in envs}
     for env in envs:
-        cells = [f"{means[env][v][0]:.2f} ± {means[env][v][1]:.2f}" if v in means[env] else "-" for v in variants]
+        cells = [mean_cell(list(finals[env][v].values())) if v in finals.get(env, {}) else "-" for v in variants]
         lines.append(f"| {env} | " + " | ".join(cells) + " |")
     for ref in ("uniform", "per"):
         if ref not in variants:  # say why instead of a table of dashes
@@ -463,7 +474,7 @@ def _train_return_lines(data: dict, envs: list, variants: list) -> list[str]:
             for v in variants:
                 vals = [r["train_return"] for rows in data[env].get(v, {}).values() for r in rows
                         if int(r["step"]) == step and not math.isnan(r["train_return"])]
-                cells.append(f"{t_interval(vals)[0]:.2f} ± {t_interval(vals)[1]:.2f}" if vals else "-")
+                cells.append(mean_cell(vals) if vals else "-")
             out.append(f"| {env} | {step:,} | " + " | ".join(cells) + " |")
     return out
 
