@@ -367,6 +367,8 @@ def test_study_verify_repeats_a_tiny_study_exactly_and_detects_an_altered_row(tm
     result = verify.verify(root, steps=400, log=lambda *a: None)
     assert [r["status"] for r in result["runs"]] == ["exact"] * 4
     assert all(r["rows"] == 2 for r in result["runs"]) and result["test"] == {}
+    with pytest.raises(SystemExit, match=r"no lockstep group .* in \['Acrobot-v1'\]"):  # --envs filters groups
+        verify.verify(root, steps=400, log=lambda *a: None, envs=["Acrobot-v1"])
     # alter one recorded evaluation return: that run, and only that run, is reported with the row and field
     path = root / "CartPole-v1" / "per" / "seed=1" / "metrics.csv"
     lines = path.read_text().splitlines()

@@ -98,7 +98,7 @@ def recorded_groups(root: Path, groups: list[list[tuple[str, Any]]]
 
 
 def verify(root: Path, steps: int | None = None, groups: int | None = None, sample_seed: int = 0,
-           log=print) -> dict[str, Any]:
+           log=print, envs: list[str] | None = None) -> dict[str, Any]:
     """Rerun the first ``steps`` environment steps (default: up to the first evaluation) of the lockstep
     groups of the study in ``root`` (all, or a random sample of ``groups``) and compare.
 
@@ -113,8 +113,12 @@ def verify(root: Path, steps: int | None = None, groups: int | None = None, samp
     all_groups = [(g, checked) for g, checked in recorded_groups(root, study.grid_runs(spec))
                   if all((study.run_dir(root, c.env_id, name, c.seed) / "metrics.csv").exists()
                          for (name, c), check in zip(g, checked, strict=True) if check)]
+    if envs is not None:  # (ids as in the grid, or as the folders spell them)
+        all_groups = [(g, checked) for g, checked in all_groups
+                      if g[0][1].env_id in envs or g[0][1].env_id.replace("/", "-") in envs]
     if not all_groups:
-        raise SystemExit(f"{root}: no lockstep group with metrics for all its runs")
+        raise SystemExit(f"{root}: no lockstep group with metrics for all its runs"
+                         + (f" in {envs}" if envs is not None else ""))
     chosen = list(range(len(all_groups)))
     if groups is not None and groups < len(chosen):
         chosen = sorted(np.random.default_rng(sample_seed).choice(len(chosen), size=groups, replace=False))
@@ -168,11 +172,12 @@ def _compare(diffs: list[float]) -> dict[str, Any]:
     return out
 
 
-def report(result: dict[str, Any], root: Path, steps: int | None) -> str:
+def report(result: dict[str, Any], root: Path, steps: int | None, envs: list[str] | None = None) -> str:
     runs = result["runs"]
     exact = sum(r["status"] == "exact" for r in runs)
     lines = [f"# Verification of {root.name}", "",
-             f"Command: `perx study verify {root}" + (f" --steps {steps}" if steps else "") + "`", "",
+             f"Command: `perx study verify {root}" + (f" --steps {steps}" if steps else "")
+             + (f" --envs {' '.join(envs)}" if envs else "") + "`", "",
              f"{exact} of {len(runs)} runs repeat every recorded digit of metrics.csv "
              f"({', '.join(COMPARED)}) up to the step checked.", "",
              "| run | status | rows compared | first difference | machine difference (recorded -> here) |",
@@ -205,6 +210,7 @@ def main(argv: list[str] | None = None, prog: str = "perx study verify") -> int:
     parser.add_argument("--steps", type=int, help="environment steps to rerun (default: to the first evaluation)")
     parser.add_argument("--groups", type=int, help="rerun a random sample of this many lockstep groups")
     parser.add_argument("--sample-seed", type=int, default=0, help="seed of the sample of groups")
+    parser.add_argument("--envs", nargs="+", help="only the groups of these environments")
     parser.add_argument("--results", default=None, help="look for the study in this folder (default: runs/<study> "
                         "if it exists, else results/<study>)")
     parser.add_argument("--out", help="also write the report (markdown) here")
@@ -214,8 +220,8 @@ def main(argv: list[str] | None = None, prog: str = "perx study verify") -> int:
     if args.groups is not None and args.groups < 1:
         parser.error(f"--groups: must be >= 1, got {args.groups}")
     root = study.find_study(args.study, args.results)
-    result = verify(root, args.steps, args.groups, args.sample_seed)
-    text = report(result, root, args.steps)
+    result = verify(root, args.steps, args.groups, args.sample_seed, envs=args.envs)
+    text = report(result, root, args.steps, args.envs)
     print(text)
     if args.out:
         Path(args.out).write_text(text)
