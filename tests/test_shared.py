@@ -182,6 +182,42 @@ def test_rings_left_by_a_killed_learner_are_reported_and_removed_and_live_ones_k
             os.unlink(stale)
 
 
+def test_a_pull_interrupted_while_freeing_slots_leaves_the_writers_lock_free(tmp_path):
+    from perx.shared import _TAIL
+
+    buf = perx.ReplayBuffer(1000, perx.Uniform(), seed=0, spec=SPEC)
+    with SharedReplay(buf, 1, ring=8, context=CTX, lock_timeout=0.2) as hub:
+        w = hub.writer(0)
+        w.extend(**_rows(0, np.arange(8)))
+        ring = hub._rings[0]
+
+        class Interrupted(np.ndarray):  # Ctrl-C at the tail's store, with the ring's lock held
+            def __setitem__(self, i, v):
+                if i == _TAIL:
+                    raise KeyboardInterrupt
+                super().__setitem__(i, v)
+
+        header, ring.header = ring.header, ring.header.view(Interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            hub.pull()
+        ring.header = header
+        assert hub.pulled == [8] and hub._locks[0].acquire(timeout=0.1)  # the lock was released
+        hub._locks[0].release()
+        assert hub.pull() == 0  # nothing pulled twice; this pull frees the slots
+        w.extend(**_rows(0, np.arange(8, 16)), timeout=5)  # so a full ring's worth fits again
+        assert hub.pull() == 8 and len(buf) == 16
+
+
+def test_stale_ring_names_that_no_process_can_have_are_stale_not_errors(tmp_path):
+    from perx import shared
+
+    odd = tmp_path / "perx-shared-99999999999999999999-deadbeef-0"  # a pid beyond any C long
+    odd.write_bytes(b"")
+    assert shared.stale_rings(tmp_path) == [odd]
+    assert shared.remove_stale_rings(tmp_path) == 1 and not odd.exists()
+    assert shared.remove_stale_rings(tmp_path) == 0
+
+
 def test_bad_rows_are_refused_in_the_writer_and_nothing_is_published():
     buf = perx.ReplayBuffer(100, perx.Uniform(), spec=SPEC)
     with SharedReplay(buf, 1, ring=16, context=CTX) as hub:

@@ -31,7 +31,7 @@ def _prefix(path: Path) -> str:
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # (no process; a pid no process can have, from a crafted name)
         return False
     except (PermissionError, OSError):
         return True  # exists, owned by someone else (or cannot tell: keep the file)

@@ -214,7 +214,7 @@ def decompress_into(src, s0, s1, dst):
             left -= piece
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)  # (compiled into perx.episodes' cached kernels: see the note there)
 def unpack_row(dst, d, arena, off, length):
     """Decode one unit (``arena[off:off+length]``) into row ``d`` of ``dst`` (uint8 [rows, unit bytes]); a
     slot never written (``length == EMPTY``) reads as zeros. Raises on a block that does not decode to

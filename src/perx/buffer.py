@@ -273,7 +273,8 @@ class ReplayBuffer:
         under two locks. (A memmap buffer cannot be copied: its rows are files; ``save()`` writes a copy.)"""
         import copy
 
-        return copy.deepcopy(self)
+        with self.lock if self.lock is not None else contextlib.nullcontext():  # (not torn by another thread)
+            return copy.deepcopy(self)
 
     def __getstate__(self) -> dict:
         # a lock (and the locked methods around it) cannot be pickled: a copy or an unpickled buffer gets a

@@ -81,16 +81,29 @@ def stale_rings(directory: str | os.PathLike | None = None) -> list[Path]:
     out = []
     for path in sorted(Path(directory if directory is not None else _shm_dir()).glob("perx-shared-*")):
         m = _RING_NAME.fullmatch(path.name)
-        if m is not None and not _alive(int(m.group(1))):
-            out.append(path)
+        if m is not None and not _alive(int(m.group(1))) and os.access(path, os.W_OK):
+            out.append(path)  # (only files this user could remove: others' are theirs to clean up)
     return out
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:  # (removed meanwhile)
+        return 0
+
+
 def remove_stale_rings(directory: str | os.PathLike | None = None) -> int:
-    """Remove :func:`stale_rings` (writers still attached keep their mappings); returns how many."""
-    stale = stale_rings(directory)
-    _unlink([str(p) for p in stale])
-    return len(stale)
+    """Remove :func:`stale_rings` (writers still attached keep their mappings); returns how many were removed
+    (a file another process removed first, or one this user may not remove, is skipped)."""
+    removed = 0
+    for path in stale_rings(directory):
+        try:
+            path.unlink()
+            removed += 1
+        except (FileNotFoundError, PermissionError):
+            pass
+    return removed
 
 
 class _Ring:
@@ -165,7 +178,7 @@ class SharedWriter:
         wait = 1e-4
         learner = int(header[_LEARNER])
         while True:
-            with self._held(learner):
+            with self._held(learner, deadline, timeout):
                 head, tail = int(header[_HEAD]), int(header[_TAIL])
             if size - (head - tail) >= n:
                 break
@@ -184,15 +197,19 @@ class SharedWriter:
             dst[first : first + cut] = arr[:cut]
             if cut < n:
                 dst[: n - cut] = arr[cut:n]
-        with self._held(learner):  # publish: the release makes the rows visible before the new head
+        with self._held(learner, deadline, timeout):  # publish: the release makes the rows visible before the head
             header[_HEAD] = head + n
 
     @contextlib.contextmanager
-    def _held(self, learner: int) -> Iterator[None]:
-        """The ring's lock; RuntimeError if the learner's process dies holding it."""
-        while not self._lock.acquire(timeout=1.0):
+    def _held(self, learner: int, deadline: float | None = None, timeout: float | None = None) -> Iterator[None]:
+        """The ring's lock; RuntimeError if the learner's process dies holding it, TimeoutError past
+        ``deadline``."""
+        while not self._lock.acquire(timeout=1.0 if deadline is None else
+                                     min(1.0, max(0.0, deadline - time.monotonic()))):
             if not _alive(learner):
                 raise RuntimeError(f"SharedWriter {self.index}: the learner's process {learner} has gone")
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"SharedWriter {self.index}: the ring's lock stayed held for {timeout} s")
         try:
             yield
         finally:
@@ -235,7 +252,7 @@ class SharedReplay:
         ctx = context if context is not None else multiprocessing.get_context()
         stale = stale_rings()
         if stale:
-            held = sum(p.stat().st_size for p in stale if p.exists()) / 2**20
+            held = sum(_size(p) for p in stale) / 2**20
             warnings.warn(f"{len(stale)} ring files of learners that are gone ({held:.1f} MiB) are in {_shm_dir()}: "
                           f"perx.shared.remove_stale_rings() removes them", stacklevel=2)
         self.buffer = buffer
@@ -278,7 +295,8 @@ class SharedReplay:
         returns how many. O(rows pulled).
 
         Rows are counted as pulled (:attr:`pulled`) as soon as they are in the buffer, before their slots are
-        freed: a pull interrupted between the two (``KeyboardInterrupt``) never adds a row twice. A writer that
+        freed: a pull interrupted (``KeyboardInterrupt``) anywhere but in the few bytecodes between an
+        ``extend`` returning and the count does not add its rows again. A writer that
         died holding its ring's lock can write nothing more, and every row below its published head was
         complete before the head moved: those rows are still pulled, then the ring is dropped."""
         total = 0
@@ -310,8 +328,10 @@ class SharedReplay:
                     self.dropped.append(k)
                     break
             else:
-                ring.header[_TAIL] = self.pulled[k]
-                lock.release()
+                try:
+                    ring.header[_TAIL] = self.pulled[k]
+                finally:  # (an interrupt here must not leave the writer's lock held)
+                    lock.release()
         return total
 
     def _take(self, k: int, ring: _Ring, head: int) -> int:

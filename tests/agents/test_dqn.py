@@ -402,6 +402,9 @@ def test_study_regrouped_between_sessions_trains_only_unfinished_runs_and_verify
     study.run_study(root, spec, workers=1, **quiet)  # groups: seeds 0-1 (4 runs), seed 2 (2 runs)
     env = root / "CartPole-v1"
     kept = (env / "per" / "seed=0" / "metrics.csv").stat().st_mtime_ns
+    # a scheduling change that leaves every group as it was (interleave spelled out) is not a regrouping
+    study.run_study(root, {**spec, "interleave": False}, workers=1, **quiet)
+    assert "regrouped" not in json.loads((root / "study.json").read_text())
     for v in ("uniform", "per"):  # as if the session had ended during the second group of the old grouping
         shutil.rmtree(env / v / "seed=1")
     # a change of anything but the scheduling is still refused
@@ -416,7 +419,7 @@ def test_study_regrouped_between_sessions_trains_only_unfinished_runs_and_verify
     # groups of 3 cut across the old ones: [u0 p0 u1], [p1 u2 p2]; only u1 and p1 are trained, each alone
     study.run_study(root, {**spec, "group": 3}, workers=1, **quiet)
     saved = json.loads((root / "study.json").read_text())
-    assert saved["group"] == 3 and saved["regrouped"] == [{"group": 4, "interleave": None}]
+    assert saved["group"] == 3 and saved["regrouped"] == [{"group": 4, "interleave": False}]
     assert (env / "per" / "seed=0" / "metrics.csv").stat().st_mtime_ns == kept  # finished runs: not trained again
     partners = {f"{v}/seed={s}": json.loads((env / v / f"seed={s}" / "config.json").read_text())["lockstep"]
                 for v in ("uniform", "per") for s in (0, 1, 2)}
@@ -432,9 +435,40 @@ def test_study_regrouped_between_sessions_trains_only_unfinished_runs_and_verify
     assert [r["status"] for r in result["runs"]] == ["exact"] * 6
     # a run recording partners the grid does not hold cannot be rerun as trained: refused, naming it
     cfg = json.loads((env / "per" / "seed=2" / "config.json").read_text())
-    (env / "per" / "seed=2" / "config.json").write_text(json.dumps({**cfg, "lockstep": ["per/seed=7"]}))
-    with pytest.raises(SystemExit, match="per/seed=7"):
+    (env / "per" / "seed=2" / "config.json").write_text(json.dumps({**cfg, "lockstep_runs": ["per/seed=2",
+                                                                                            "per/seed=7"]}))
+    with pytest.raises(SystemExit, match="holds 0 runs named per/seed=7"):
         verify.recorded_groups(root, study.grid_runs(saved))
+    # and a record that leaves the run itself out
+    (env / "per" / "seed=2" / "config.json").write_text(json.dumps({**cfg, "lockstep_runs": ["uniform/seed=2"]}))
+    with pytest.raises(SystemExit, match="without itself"):
+        verify.recorded_groups(root, study.grid_runs(saved))
+
+
+@pytest.mark.parametrize("record", ["lockstep", "lockstep_runs"])
+def test_verify_keeps_grid_groups_whose_runs_share_a_variant_when_their_records_match(tmp_path, record):
+    """Cells and +rule variants share variant/seed labels (the old ``lockstep`` record): a study that was never
+    regrouped is rerun in its grid groups, as before records were read."""
+    import json
+
+    from perx.experiments import study, verify
+
+    spec = {"envs": ["CartPole-v1"], "seeds": [0, 1], "variants": ["u-a", "p-a", "p-b", "per+learning-progress"],
+            "config": {"total_steps": 10},
+            "cells": {"u-a": {"variant": "uniform", "optimizer_eps": 0.01},
+                      "p-a": {"variant": "per", "optimizer_eps": 0.01},
+                      "p-b": {"variant": "per", "optimizer_eps": 1e-5},
+                      "per+learning-progress": {"variant": "per", "optimizer_eps": 1e-5,
+                                                "priority_rule": "learning-progress"}}}
+    grid = study.grid_runs(spec)
+    for group in grid:
+        names = ([f"{c.variant}/seed={c.seed}" for _, c in group] if record == "lockstep"
+                 else [f"{n}/seed={c.seed}" for n, c in group])
+        for name, cfg in group:
+            d = study.run_dir(tmp_path, cfg.env_id, name, cfg.seed)
+            d.mkdir(parents=True)
+            (d / "config.json").write_text(json.dumps({record: names}))
+    assert verify.recorded_groups(tmp_path, grid) == [(g, [True] * len(g)) for g in grid]
 
 
 def test_study_cells_name_their_runs_and_runs_differing_in_a_shared_field_get_separate_groups():

@@ -291,7 +291,7 @@ class LockstepRuns:
             self.start()
             if dirs is not None:
                 for d, cfg in zip(dirs, self.configs, strict=True):
-                    write_config(d, cfg, self)
+                    write_config(d, cfg, self, dirs)
         self.started = time.time()
 
     def finish(self, dirs: Sequence[Path] | None) -> None:
@@ -447,9 +447,14 @@ def machine() -> dict[str, Any]:
     return out
 
 
-def write_config(d: Path, cfg: Any, runs: LockstepRuns) -> None:
+def write_config(d: Path, cfg: Any, runs: LockstepRuns, dirs: Sequence[Path] | None = None) -> None:
+    """config.json: the config, its resolved settings, versions, the machine, and the lockstep partners
+    (``lockstep``: variant/seed of each; ``lockstep_runs``: each partner's ``<label>/seed=<s>`` folder, unique
+    where several runs share a variant, as named grid cells do)."""
     d.mkdir(parents=True, exist_ok=True)
     payload = {"config": dataclasses.asdict(cfg), "settings": cfg.settings(), "versions": versions(),
                "machine": {**machine(), "device": cfg.device},
                "lockstep": [f"{c.variant}/seed={c.seed}" for c in runs.configs]}
+    if dirs is not None:
+        payload["lockstep_runs"] = [f"{Path(x).parent.name}/{Path(x).name}" for x in dirs]
     (d / "config.json").write_text(json.dumps(payload, indent=2) + "\n")

@@ -205,12 +205,24 @@ def _train_group(job: tuple[list[Any], list[str], int]) -> str:
 SCHEDULING = ("group", "interleave")
 
 
-def _regroup_check(root: Path, groups: list[list[tuple[str, Any]]]) -> None:
-    """Refuse to regroup a study while an unfinished run has a checkpoint: it would resume beside other
-    partners, and its numbers would mix two groups' rounding (finished runs record their partners)."""
-    busy = [str(d.relative_to(root)) for g in groups for name, c in g
+def _members(groups: list[list[tuple[str, Any]]]) -> dict[tuple[str, str, int], tuple]:
+    """Each run's group, as (env, label, seed) -> the group's runs in order."""
+    out = {}
+    for g in groups:
+        key = tuple((c.env_id, name, c.seed) for name, c in g)
+        for run in key:
+            out[run] = key
+    return out
+
+
+def _regroup_check(root: Path, old: list[list[tuple[str, Any]]], new: list[list[tuple[str, Any]]]) -> None:
+    """Refuse a regrouping that moves an unfinished run with a checkpoint into another group: it would resume
+    beside other partners, and its numbers would mix two groups' rounding (finished runs record theirs)."""
+    before, after = _members(old), _members(new)
+    busy = [str(d.relative_to(root)) for g in new for name, c in g
             for d in [run_dir(root, c.env_id, name, c.seed)]
-            if not (d / "done").exists() and (d / "checkpoint").is_dir() and any((d / "checkpoint").iterdir())]
+            if before.get((c.env_id, name, c.seed)) != after[(c.env_id, name, c.seed)]
+            and not (d / "done").exists() and (d / "checkpoint").is_dir() and any((d / "checkpoint").iterdir())]
     if busy:
         raise SystemExit(f"group: cannot regroup while runs {busy} have checkpoints of their old group; finish "
                          f"them with the old group size, or remove their folders to start them again")
@@ -232,11 +244,13 @@ def run_study(root: Path, spec: dict, workers: int, log=print) -> None:
             if not same_runs:
                 raise SystemExit(f"{saved} describes another grid; use another study name or remove it. "
                                  f"Saved: {old}")
-            _regroup_check(root, groups)
-            history.append({k: old.get(k) for k in SCHEDULING})
-            log(f"{root.name}: regrouped ({', '.join(f'{k} {old.get(k)} -> {spec.get(k)}' for k in SCHEDULING)}); "
-                f"finished runs keep the partners their config.json records")
-            saved.write_text(json.dumps({**spec, "regrouped": history}, indent=2) + "\n")
+            old_groups = grid_runs(old)
+            if _members(old_groups) != _members(groups):  # (a spelled-out default changes nothing)
+                _regroup_check(root, old_groups, groups)
+                history.append({k: old.get(k) for k in SCHEDULING})
+                log(f"{root.name}: regrouped ({', '.join(f'{k} {old.get(k)} -> {spec.get(k)}' for k in SCHEDULING)}"
+                    f"); finished runs keep the partners their config.json records")
+            saved.write_text(json.dumps({**spec, "regrouped": history} if history else spec, indent=2) + "\n")
     else:
         saved.write_text(json.dumps(spec, indent=2) + "\n")
     jobs = []

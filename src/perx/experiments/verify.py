@@ -53,8 +53,13 @@ def _machine_difference(run_dir: Path) -> dict[str, tuple[Any, Any]]:
 
 
 def _label(cfg: Any) -> str:
-    """A run as the runner's ``lockstep`` record names it."""
+    """A run as the runner's ``lockstep`` record names it (not unique where runs share a variant)."""
     return f"{cfg.variant}/seed={cfg.seed}"
+
+
+def _folder(name: str, cfg: Any) -> str:
+    """A run as ``lockstep_runs`` names it: its folder under the environment's, unique in the grid."""
+    return f"{name}/seed={cfg.seed}"
 
 
 def recorded_groups(root: Path, groups: list[list[tuple[str, Any]]]
@@ -62,38 +67,58 @@ def recorded_groups(root: Path, groups: list[list[tuple[str, Any]]]
     """The lockstep groups the runs were trained in, as (group, checked) pairs: ``group`` is rerun together,
     ``checked[i]`` says whether run i's files are compared with this rerun.
 
-    A run's config.json records its partners (``lockstep``); a run without the record was trained in its
-    grid group. Groups come in the order of their first run in the grid. After a study was regrouped
-    (``perx study --group``), a run may have been trained beside partners that were later retrained in
-    another group: such a partner is rerun (its config is the grid's) but checked only in its own group.
+    A grid group whose runs record exactly its own members (or record nothing) is kept as it is. Other runs
+    (a study regrouped between sessions, ``perx study --group``) are regrouped as their config.json records:
+    by ``lockstep_runs`` (partners' folders) where written, else by ``lockstep`` (variant/seed, which must
+    then name one run of the environment). A partner that was later retrained in another group is rerun
+    (its config is the grid's) but checked only in its own group. Groups keep the order of their first run.
     """
-    def record(name: str, cfg: Any) -> tuple[str, ...] | None:
+    def record(name: str, cfg: Any) -> tuple[str, tuple[str, ...]] | None:
         try:
             saved = json.loads((study.run_dir(root, cfg.env_id, name, cfg.seed) / "config.json").read_text())
         except (OSError, ValueError):
             return None
-        return tuple(saved["lockstep"]) if "lockstep" in saved else None
+        if "lockstep_runs" in saved:
+            return "folder", tuple(saved["lockstep_runs"])
+        return ("label", tuple(saved["lockstep"])) if "lockstep" in saved else None
 
-    members: dict[tuple[str, tuple[str, ...]], list[tuple[str, Any]]] = {}
-    by_label: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+    out: list[tuple[list[tuple[str, Any]], list[bool]]] = []
+    index: dict[tuple[str, tuple[str, ...]], int] = {}  # (env, recorded partners) -> place in out
+    by_name: dict[tuple[str, str, str], list[tuple[str, Any]]] = {}
     for group in groups:
-        labels = tuple(_label(c) for _, c in group)
-        for run in group:  # the same tuple in both maps: ``checked`` below compares identities
+        for run in group:
             name, cfg = run
-            by_label.setdefault((cfg.env_id, _label(cfg)), []).append(run)
-            members.setdefault((cfg.env_id, record(name, cfg) or labels), []).append(run)
-    out = []
-    for (env_id, labels), runs in members.items():
-        group = []
-        for label in labels:
-            mine = [r for r in runs if _label(r[1]) == label]
-            candidates = mine or by_label.get((env_id, label), [])
-            if len(candidates) != 1:
-                names = [str(study.run_dir(root, c.env_id, n, c.seed).relative_to(root)) for n, c in runs]
-                raise SystemExit(f"{env_id}: runs {names} record lockstep partners {list(labels)}, but the grid "
-                                 f"holds {len(candidates)} runs named {label}; they cannot be rerun as trained")
-            group.append(candidates[0])
-        out.append((group, [any(r is g for r in runs) for g in group]))
+            by_name.setdefault((cfg.env_id, "folder", _folder(name, cfg)), []).append(run)
+            by_name.setdefault((cfg.env_id, "label", _label(cfg)), []).append(run)
+    for group in groups:
+        own = {"folder": tuple(_folder(n, c) for n, c in group), "label": tuple(_label(c) for _, c in group)}
+        records = [record(n, c) for n, c in group]
+        if all(r is None or r[1] == own[r[0]] for r in records):
+            out.append((group, [True] * len(group)))
+            continue
+        for run, rec in zip(group, records, strict=True):
+            name, cfg = run
+            if rec is None:  # (no record: trained in its grid group)
+                rec = ("folder", own["folder"])
+            kind, partners = rec
+            mine = _folder(name, cfg) if kind == "folder" else _label(cfg)
+            where = str(study.run_dir(root, cfg.env_id, name, cfg.seed).relative_to(root))
+            if mine not in partners:
+                raise SystemExit(f"{where}: its config.json records lockstep partners {list(partners)} without "
+                                 f"itself; it cannot be rerun as trained")
+            key = (cfg.env_id, partners)
+            if key not in index:
+                members = []
+                for p in partners:
+                    found = by_name.get((cfg.env_id, kind, p), [])
+                    if len(found) != 1:
+                        raise SystemExit(f"{where}: records lockstep partners {list(partners)}, but the grid holds "
+                                         f"{len(found)} runs named {p}; it cannot be rerun as trained")
+                    members.append(found[0])
+                index[key] = len(out)
+                out.append((members, [False] * len(members)))
+            members, checked = out[index[key]]
+            checked[members.index(run)] = True
     return out
 
 
