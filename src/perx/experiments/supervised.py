@@ -362,14 +362,6 @@ def speedups(rows: list[dict], chosen: list[dict], key: str = "test_errors", tai
     return out
 
 
-def curves(rows: list[dict], method: str, lr: float, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(updates, median over seeds of ``key``) for one method and step size."""
-    sel = [r for r in rows if r["method"] == method and r["lr"] == lr]
-    steps = sorted({r["update"] for r in sel})
-    med = [np.median([r[key] for r in sel if r["update"] == u]) for u in steps]
-    return np.array(steps), np.array(med)
-
-
 STYLE = {"uniform": "black", "informed": "tab:green", "prioritized": "tab:blue", "prioritized-is": "tab:orange"}
 
 
@@ -414,22 +406,24 @@ def plot(rows: list[dict], chosen: list[dict], n_test: int, path: Path, kept: st
     plt.close(fig)
 
 
-def write_outputs(rows: list[dict], cfg: Config, out: Path) -> list[dict]:
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_outputs(rows: list[dict], cfg: Config, out: Path) -> tuple[list[dict], list[dict]]:
+    """summary.csv, supervised.png and speedup.csv in ``out``; returns (chosen step sizes, speed-ups)."""
     chosen = select(rows, cfg)
+    fast = speedups(rows, chosen) if chosen else []
     if chosen:
-        with open(out / "summary.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(chosen[0]))
-            writer.writeheader()
-            writer.writerows(chosen)
+        _write_csv(out / "summary.csv", chosen)
         n_test = len(load_split(cfg)["y_test"])
         plot(rows, chosen, n_test, out / "supervised.png", keep_label(cfg))
-        fast = speedups(rows, chosen)
-        if fast:
-            with open(out / "speedup.csv", "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=list(fast[0]))
-                writer.writeheader()
-                writer.writerows(fast)
-    return chosen
+    if fast:
+        _write_csv(out / "speedup.csv", fast)
+    return chosen, fast
 
 
 #: Where ``perx supervised`` writes unless ``--out`` says otherwise: a folder git ignores, so an interrupted run
@@ -490,11 +484,11 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
             cfg = Config(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved.items()})
             print(f"settings from {meta_path}: keep {cfg.keep:g}, {cfg.updates} updates, {cfg.seeds} seeds")
         rows = read_runs(runs_path)
-        chosen = write_outputs(rows, cfg, out)
+        chosen, fast = write_outputs(rows, cfg, out)
         if not chosen:
             print(f"perx supervised: no finished runs in {runs_path}; nothing written", file=sys.stderr)
             return 1
-        print_table(chosen, speedups(rows, chosen))
+        print_table(chosen, fast)
         print(f"\nwrote {out}/summary.csv, supervised.png from {runs_path}")
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -532,8 +526,8 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
                     for s in range(cfg.select_seeds, cfg.seeds) if (c["method"], c["lr"], s) not in done]
             print(f"step sizes chosen; {len(jobs)} runs of seeds {cfg.select_seeds}-{cfg.seeds - 1} to go")
             _run_into(jobs, args.workers, writer, f, rows)
-    chosen = write_outputs(rows, cfg, out)
-    print_table(chosen, speedups(rows, chosen))
+    chosen, fast = write_outputs(rows, cfg, out)
+    print_table(chosen, fast)
     print(f"\nwrote {out}/runs.csv, summary.csv, meta.json, supervised.png")  # last: where the results are
     return 0
 
