@@ -304,6 +304,36 @@ def test_a_run_whose_driver_is_killed_resumes_from_its_last_checkpoint(tmp_path)
     assert "resumed at step" in done.stdout + done.stderr
 
 
+@pytest.mark.slow
+def test_learner_checkpoint_names_no_transition_newer_than_the_shard_files(ray_cluster, tmp_path, monkeypatch):
+    # Actors keep adding while the learner checkpoints; here every shard gets rows right after it saved,
+    # every time, so a learner that read the shards' next ids after the save would name rows no file holds.
+    import torch
+
+    from perx.distributed.replay import ShardedReplay
+    from perx.distributed.store import CheckpointStore
+
+    save = ShardedReplay.checkpoint
+
+    def save_then_race(self):
+        paths = save(self)
+        for k in range(self.num_shards):
+            obs = np.zeros((3, 4), np.float32)
+            self.add(shard=k, obs=obs, action=np.zeros(3, np.int64), reward=np.zeros(3, np.float32),
+                     next_obs=obs, discount=np.zeros(3, np.float32))
+        return paths
+
+    monkeypatch.setattr(ShardedReplay, "checkpoint", save_then_race)
+    # about 260 updates: 2 learner checkpoints
+    cfg = ApexConfig(total_steps=1_024, num_actors=1, num_shards=2, learning_starts=256, eval_every=1_024,
+                     eval_episodes=1, learner_checkpoint_every=100, actor_cpus=0.0, seed=0)
+    train(cfg, tmp_path, progress=False, log=None)
+    seen = torch.load(tmp_path / "learner.pt", weights_only=False)["shard_next_ids"]
+    store = CheckpointStore(tmp_path / "shards")
+    saved = [store.load_buffer(f"shard-{k}.perx").next_index for k in range(2)]
+    assert 0 < seen[0] and all(s <= f for s, f in zip(seen, saved, strict=True)), (seen, saved)
+
+
 def test_resume_is_refused_without_a_checkpoint_or_with_other_settings(tmp_path):
     import torch
 

@@ -597,6 +597,9 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
         """Checkpoint the run: every shard's buffer, then the learner (atomic rename), so a learner
         checkpoint never refers to shard files older than itself."""
         replay.flush()
+        # what the learner has seen, read before the shards save: actors keep adding meanwhile, so a read
+        # after the save could name transitions the shard files do not hold
+        seen = [st["next_id"] for st in replay.refresh()]
         replay.checkpoint()
         state = {"config": dataclasses.asdict(cfg), "q": q.state_dict(), "target": target.state_dict(),
                  "optimizer": optimizer.state_dict(),
@@ -604,7 +607,7 @@ def train(cfg: ApexConfig, out: str | os.PathLike | None = None, *, progress: bo
                               "actor_restarts": actor_restarts, "episodes": episodes, "next_eval": next_eval,
                               "elapsed": time.time() - started},
                  "recent": list(recent), "rows": rows, "restarts": restarts, "drills": drills, "resumes": resumes,
-                 "shard_restarts": replay.restarts, "shard_next_ids": [st["next_id"] for st in replay.refresh()]}
+                 "shard_restarts": replay.restarts, "shard_next_ids": seen}
         tmp = out / "learner.pt.tmp"
         torch.save(state, tmp)
         os.replace(tmp, out / "learner.pt")
