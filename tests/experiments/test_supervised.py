@@ -67,6 +67,24 @@ def test_a_diverging_step_size_is_marked_and_not_selected():
     assert [c["lr"] for c in supervised.select(rows, cfg)] == [0.1]
 
 
+def test_one_diverged_seed_does_not_rule_out_a_step_size_and_is_counted_apart():
+    cfg = supervised.Config(updates=100, seeds=3, learning_rates=(0.3, 0.03), methods=("uniform",))
+
+    def final(lr, seed, val, errors, loss=1.0):
+        return {"method": "uniform", "lr": lr, "seed": seed, "update": 100, "test_errors": errors, "test_loss": loss,
+                "test_balanced_error": errors / 1000, "val_balanced_error": val, "train_errors": 0}
+
+    rows = [final(0.3, 0, 0.2, 200), final(0.3, 1, 0.25, 300), final(0.3, 2, 1.0, 900, loss=np.inf),  # diverged
+            *(final(0.03, s, 0.3, 400) for s in range(3))]
+    (chosen,) = supervised.select(rows, cfg)
+    # B.3's rule on the median validation error: 0.25 (the diverged run counts as 1.0) beats 0.3
+    assert chosen["lr"] == 0.3 and chosen["median_val_balanced_error"] == 0.25
+    # what is reported comes from the two runs that did not diverge
+    assert (chosen["seeds"], chosen["diverged"], chosen["median_test_errors"]) == (2, 1, 250.0)
+    rows[1] = final(0.3, 1, 1.0, 900, loss=np.inf)  # two of three diverged: median 1.0, the other step size wins
+    assert [c["lr"] for c in supervised.select(rows, cfg)] == [0.03]
+
+
 def test_the_figure_title_names_the_share_of_rare_digits_kept():
     assert supervised.keep_label(supervised.Config(keep=0.1)) == "0-4 kept at 10%: 11 of 106-110 training examples each"
     assert supervised.keep_label(supervised.Config()).startswith("0-4 kept at 1%: 1 of ")

@@ -255,14 +255,19 @@ def read_runs(path: Path) -> list[dict]:
 
 
 def select(rows: list[dict], cfg: Config) -> list[dict]:
-    """Per method, the step size with the lowest median final balanced validation error (B.3)."""
+    """Per method, the step size with the lowest median final balanced validation error (B.3).
+
+    A diverged run takes part with the balanced validation error 1.0 its closing row records, so one seed
+    blowing up does not rule out a step size the other seeds do well at. The medians reported at the chosen
+    step size are over the runs that did not diverge (``seeds``); ``diverged`` counts the others, which the
+    curves leave out too."""
     out = []
     for method in cfg.methods:
         best = None
         for lr in cfg.learning_rates:
             finals = _finals(rows, method, lr, range(cfg.select_seeds or cfg.seeds), cfg)
             if finals is None:
-                continue  # missing or diverged
+                continue  # a run is missing or unfinished
             val = float(np.median([f["val_balanced_error"] for f in finals]))
             if best is None or val < best[0]:
                 best = (val, lr)
@@ -272,19 +277,20 @@ def select(rows: list[dict], cfg: Config) -> list[dict]:
         if finals is None:  # (the remaining seeds are not all finished yet: report the selection seeds)
             finals = _finals(rows, method, best[1], range(cfg.select_seeds or cfg.seeds), cfg)
         assert finals is not None
-        out.append({"method": method, "lr": best[1], "median_val_balanced_error": best[0], "seeds": len(finals),
-                    "median_test_errors": float(np.median([f["test_errors"] for f in finals])),
-                    "median_test_balanced_error": float(np.median([f["test_balanced_error"] for f in finals])),
-                    "median_test_loss": float(np.median([f["test_loss"] for f in finals])),
-                    "median_train_errors": float(np.median([f["train_errors"] for f in finals]))})
+        ok = [f for f in finals if np.isfinite(f["test_loss"])]
+        med = {k: float(np.median([f[k] for f in ok])) if ok else float("nan")
+               for k in ("test_errors", "test_balanced_error", "test_loss", "train_errors")}
+        out.append({"method": method, "lr": best[1], "median_val_balanced_error": best[0], "seeds": len(ok),
+                    "diverged": len(finals) - len(ok), **{f"median_{k}": v for k, v in med.items()}})
     return out
 
 
 def _finals(rows: list[dict], method: str, lr: float, seeds: range, cfg: Config) -> list[dict] | None:
-    """The last row of each seed's run, or None if one is missing, unfinished or diverged."""
+    """The last row of each seed's run (a diverged run's is its closing row, test loss inf), or None if one is
+    missing or unfinished."""
     finals = [max((r for r in rows if r["method"] == method and r["lr"] == lr and r["seed"] == s),
                   key=lambda r: r["update"], default=None) for s in seeds]
-    if any(f is None or f["update"] < cfg.updates or not np.isfinite(f["test_loss"]) for f in finals):
+    if any(f is None or f["update"] < cfg.updates for f in finals):
         return None
     return finals
 
@@ -389,7 +395,8 @@ def plot(rows: list[dict], chosen: list[dict], n_test: int, path: Path, kept: st
             x, values = seed_curves(rows, c["method"], c["lr"], key)
             med, lo, hi = median_band(values)
             ax.plot(x, med, color=color, lw=1.6,
-                    label=f"{c['method']} (step size {c['lr']:g}, {len(values)} seeds)")
+                    label=f"{c['method']} (step size {c['lr']:g}, {len(values)} seeds"
+                    + (f", {c['diverged']} diverged)" if c.get("diverged") else ")"))
             ax.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
     axes[0].set_ylabel(f"misclassified test digits (of {n_test})")
     axes[1].set_ylabel("test loss (NLL)")
@@ -527,6 +534,10 @@ def main(argv: list[str] | None = None, prog: str = "perx supervised") -> int:
             print(f"step sizes chosen; {len(jobs)} runs of seeds {cfg.select_seeds}-{cfg.seeds - 1} to go")
             _run_into(jobs, args.workers, writer, f, rows)
     chosen, fast = write_outputs(rows, cfg, out)
+    if not chosen:
+        print(f"perx supervised: no step size has all its runs finished; wrote {out}/runs.csv and meta.json only",
+              file=sys.stderr)
+        return 1
     print_table(chosen, fast)
     print(f"\nwrote {out}/runs.csv, summary.csv, meta.json, supervised.png")  # last: where the results are
     return 0
@@ -554,7 +565,8 @@ def print_table(chosen: list[dict], fast: list[dict] | None = None) -> None:
         f = speed.get(c["method"])
         reach = "-" if f is None else ("not reached" if not np.isfinite(f["updates"]) else f"{f['updates']:.0f}")
         gain = "-" if f is None else f"{f['speedup']:.2f}x ({f['low']:.2f}-{f['high']:.2f})"
-        print(f"| {c['method']} | {c['lr']:g} | {c.get('seeds', '-')} | {c['median_test_errors']:.0f} | "
+        seeds = f"{c.get('seeds', '-')}" + (f" ({c['diverged']} diverged)" if c.get("diverged") else "")
+        print(f"| {c['method']} | {c['lr']:g} | {seeds} | {c['median_test_errors']:.0f} | "
               f"{c['median_test_balanced_error']:.3f} | {c['median_test_loss']:.3f} | {c['median_train_errors']:.0f} "
               f"| {reach} | {gain} |")
 
