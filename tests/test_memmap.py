@@ -337,3 +337,55 @@ def test_opening_something_that_is_not_a_folder_says_so(tmp_path):
         perx.ReplayBuffer.open(tmp_path / "b.npz")
     with pytest.raises(TypeError, match="path: expected a folder path"):
         perx.ReplayBuffer.open(123)
+
+
+@pytest.mark.parametrize("name", ["uniform", "proportional", "rank", "lap"])
+def test_a_prefetching_memmap_buffer_draws_the_batches_the_buffer_in_ram_draws(name, tmp_path):
+    ram, disk = _twins(name, tmp_path / "buf")
+    disk.prefetch = True
+    assert disk.prefetch and disk._storage._layout.unfused  # draw, prefetch, then copy: no fused call
+    _same_batches(ram, disk, size=20)
+    with pytest.raises(ValueError, match="no prefetch"):  # a two-step batch cannot be refilled in place
+        disk.sample(20, 0.5, out=disk.sample(20, 0.5))
+    disk.prefetch = False
+    assert not disk._storage._layout.unfused
+    b = disk.sample(20, 0.5)
+    disk.sample(20, 0.5, out=b)  # fused again
+
+
+def test_a_prefetch_set_before_the_first_add_applies_to_the_layout_made_then(tmp_path):
+    buf = perx.ReplayBuffer(50, perx.Proportional(), memmap=tmp_path / "b")
+    buf.prefetch = True
+    buf.extend(**transitions(30))
+    assert buf._storage._layout.unfused and buf.sample(8, 0.5).indices.shape == (8,)
+
+
+def test_prefetch_covers_the_pages_of_each_sampled_row(tmp_path):
+    import mmap
+
+    from perx._mmap import row_pages
+
+    # rows of 7,069 bytes (an 84x84 frame and more) after a .npy header: rows straddle page boundaries
+    mm = np.lib.format.open_memmap(tmp_path / "rows.npy", mode="w+", dtype=np.uint8, shape=(40, 7069))
+    mm[:] = np.random.default_rng(0).integers(0, 256, mm.shape, dtype=np.uint8)
+    mapping = np.frombuffer(mm._mmap, np.uint8)
+    slots = np.array([0, 39, 7, 7, 22])
+    ranges = row_pages(mm, slots)
+    assert len(ranges) == 4  # one per distinct row
+    for (start, length), row in zip(ranges, sorted(set(slots.tolist())), strict=True):
+        assert start % mmap.PAGESIZE == 0 and start + length <= len(mapping)
+        np.testing.assert_array_equal(mapping[start + length - 7069 : start + length], mm[row])
+        assert length - 7069 < mmap.PAGESIZE  # from the page holding the row's first byte, no earlier
+    del mapping
+
+
+def test_prefetch_is_refused_where_it_cannot_apply_and_the_setting_stays(tmp_path):
+    ram = perx.ReplayBuffer(10)
+    with pytest.raises(ValueError, match="prefetch: only a memmap buffer"):
+        ram.prefetch = True
+    assert ram.prefetch is False
+    ram.prefetch = False  # (a no-op, not an error)
+    disk = perx.ReplayBuffer(10, memmap=tmp_path / "b")
+    with pytest.raises(TypeError, match="prefetch: expected a bool, got 1"):
+        disk.prefetch = 1
+    assert disk.prefetch is False

@@ -71,6 +71,16 @@ def _reserve(file: Path) -> None:
         os.close(fd)
 
 
+def row_pages(mm: np.memmap, slots: np.ndarray) -> list[tuple[int, int]]:
+    """(start, length) in ``mm``'s mapping of the pages holding each distinct row ``slots`` of ``mm``: start is
+    page-aligned and the range ends at the row's last byte."""
+    page = mmap.PAGESIZE
+    stride = mm.strides[0]
+    # (np.memmap maps from the allocation-granularity boundary at or below the data's file offset)
+    starts = np.unique(mm.offset % mmap.ALLOCATIONGRANULARITY + np.asarray(slots, np.int64) * stride).tolist()
+    return [(s - s % page, s % page + stride) for s in starts]
+
+
 def zeros(mapped: MappedFolder | None, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     """A zero-filled array: in RAM, or with ``mapped`` the folder's file ``name`` (``MappedFolder.array``)."""
     return np.zeros(shape, dtype) if mapped is None else mapped.array(name, shape, np.dtype(dtype))
@@ -94,6 +104,8 @@ class MappedFolder:
         self.reopen = reopen
         self.closed = False
         self.arrays: dict[str, np.memmap] = {}
+        #: ``ReplayBuffer.prefetch``: start the reads of every sampled row's pages before copying them
+        self.prefetch = False
         self.created: list[Path] = []  # what this object created, for discard()
         if reopen:
             if not self.path.is_dir():
@@ -184,6 +196,18 @@ class MappedFolder:
             raw.madvise(mmap.MADV_RANDOM)
         self.arrays[name] = mm
         return mm.view(np.ndarray)
+
+    def prefetch_rows(self, slots: np.ndarray) -> None:
+        """Ask the kernel to start reading the pages of rows ``slots`` (int64 [B]) of the row files (``rows``,
+        ``apart-*``; not an episodic observation ring) and return at once: madvise(MADV_WILLNEED) per distinct
+        row. The copy that follows then waits for reads already in flight together, where faulting the
+        pages in one at a time waits for each read in turn (benchmarks/bench_memmap_beyond_ram.py measures
+        both). Costs a system call per row when the pages are already in the page cache."""
+        for name, mm in self.arrays.items():
+            raw = getattr(mm, "_mmap", None)
+            if raw is not None and (name == "rows" or name.startswith("apart-")):
+                for first, length in row_pages(mm, slots):
+                    raw.madvise(mmap.MADV_WILLNEED, first, length)
 
     def warm(self) -> None:
         """Read every mapped file once, sequentially, so its pages are in the page cache (when they fit in RAM):

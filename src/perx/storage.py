@@ -226,6 +226,7 @@ class Storage:
         self.rows = rows
         self._rows64 = rows.view(np.uint64)
         self._flat = _flat_views(spec, layout, rows)
+        layout.unfused = self.mapped is not None and self.mapped.prefetch
         self._layout = layout
         self._one = _OneRow.build(spec, layout, rows)
         # Source dtypes already known to cast into each field, with the value check each needs
@@ -665,6 +666,9 @@ class _RowLayout:
         #: B -> (bytes, :meth:`batch_dtype`) of a batch record, or None where B rows are gathered by numpy;
         #: the cached answer of :meth:`record`, read first by ``ReplayBuffer.sample`` (one dict lookup)
         self.records: dict[int, tuple[int, np.dtype] | None] = {}
+        #: True while a memmap buffer prefetches (``ReplayBuffer.prefetch``): no batch records, so every
+        #: sample draws first and copies after the prefetch
+        self.unfused = False
         # names of a batch record's ids, probabilities and weights: any string can name a field, so pick ones
         # the spec does not use
         tag = "__perx_"
@@ -699,7 +703,7 @@ class _RowLayout:
         rec: tuple[int, np.dtype] | Literal[False] | None = self.records.get(b, False)
         if rec is False:
             rec = None
-            if not self.loose and self.fits(b):
+            if not self.loose and not self.unfused and self.fits(b):
                 dt = self.batch_dtype(b)
                 rec = (dt.itemsize, dt)
             if len(self.records) >= 64:
