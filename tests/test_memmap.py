@@ -342,11 +342,14 @@ def test_opening_something_that_is_not_a_folder_says_so(tmp_path):
 @pytest.mark.parametrize("name", ["uniform", "proportional", "rank", "lap"])
 def test_a_prefetching_memmap_buffer_draws_the_batches_the_buffer_in_ram_draws(name, tmp_path):
     ram, disk = _twins(name, tmp_path / "buf")
+    before = disk.sample(20, 0.5)  # drawn by the fused call
+    ram.sample(20, 0.5)
     disk.prefetch = True
     assert disk.prefetch and disk._storage._layout.unfused  # draw, prefetch, then copy: no fused call
     _same_batches(ram, disk, size=20)
-    with pytest.raises(ValueError, match="no prefetch"):  # a two-step batch cannot be refilled in place
-        disk.sample(20, 0.5, out=disk.sample(20, 0.5))
+    for batch in (before, disk.sample(20, 0.5)):  # neither refills in one call, which would skip the prefetch
+        with pytest.raises(ValueError, match="no prefetch"):
+            disk.sample(20, 0.5, out=batch)
     disk.prefetch = False
     assert not disk._storage._layout.unfused
     b = disk.sample(20, 0.5)
@@ -377,6 +380,16 @@ def test_prefetch_covers_the_pages_of_each_sampled_row(tmp_path):
         np.testing.assert_array_equal(mapping[start + length - 7069 : start + length], mm[row])
         assert length - 7069 < mmap.PAGESIZE  # from the page holding the row's first byte, no earlier
     del mapping
+    # rows of 80 bytes: rows on one page share a range, and every sampled row lies inside a range
+    small = np.lib.format.open_memmap(tmp_path / "small.npy", mode="w+", dtype=np.uint8, shape=(1000, 80))
+    slots = np.array([0, 1, 2, 40, 41, 900])
+    ranges = row_pages(small, slots)
+    assert len(ranges) < len(slots)
+    at = small.offset % mmap.ALLOCATIONGRANULARITY + slots * 80
+    assert all(any(s <= a and a + 80 <= s + n for s, n in ranges) for a in at.tolist())
+    assert all(s % mmap.PAGESIZE == 0 for s, _ in ranges)
+    pages = [p for s, n in ranges for p in range(s // mmap.PAGESIZE, (s + n - 1) // mmap.PAGESIZE + 1)]
+    assert len(pages) == len(set(pages))  # no page asked for twice
 
 
 def test_prefetch_is_refused_where_it_cannot_apply_and_the_setting_stays(tmp_path):
@@ -389,3 +402,6 @@ def test_prefetch_is_refused_where_it_cannot_apply_and_the_setting_stays(tmp_pat
     with pytest.raises(TypeError, match="prefetch: expected a bool, got 1"):
         disk.prefetch = 1
     assert disk.prefetch is False
+    disk.close()
+    with pytest.raises(ValueError, match="prefetch: the buffer is closed"):
+        disk.prefetch = True

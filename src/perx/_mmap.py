@@ -72,13 +72,21 @@ def _reserve(file: Path) -> None:
 
 
 def row_pages(mm: np.memmap, slots: np.ndarray) -> list[tuple[int, int]]:
-    """(start, length) in ``mm``'s mapping of the pages holding each distinct row ``slots`` of ``mm``: start is
-    page-aligned and the range ends at the row's last byte."""
+    """(start, length) ranges in ``mm``'s mapping covering the rows ``slots`` of ``mm``: each starts on a page
+    boundary and ends at a row's last byte; rows whose pages overlap (small rows sharing a page, neighbours)
+    share one range, so no page is asked for twice."""
     page = mmap.PAGESIZE
     stride = mm.strides[0]
     # (np.memmap maps from the allocation-granularity boundary at or below the data's file offset)
     starts = np.unique(mm.offset % mmap.ALLOCATIONGRANULARITY + np.asarray(slots, np.int64) * stride).tolist()
-    return [(s - s % page, s % page + stride) for s in starts]
+    ranges: list[list[int]] = []
+    for s in starts:
+        first = s - s % page
+        if ranges and first < ranges[-1][1]:  # its first page is the previous range's last
+            ranges[-1][1] = s + stride
+        else:
+            ranges.append([first, s + stride])
+    return [(first, end - first) for first, end in ranges]
 
 
 def zeros(mapped: MappedFolder | None, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

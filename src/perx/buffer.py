@@ -10,6 +10,7 @@ Invariant: every public method either succeeds or raises before changing anythin
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import mmap
 import os
@@ -1003,13 +1004,21 @@ class ReplayBuffer:
                              "a buffer in RAM")
         if on and not hasattr(mmap, "MADV_WILLNEED"):
             raise ValueError("prefetch: this platform has no madvise(MADV_WILLNEED); got True")
-        if self._mapped is None:
+        if self._closed:
+            raise ValueError(f"prefetch: the buffer is closed; reopen it with ReplayBuffer.open({self.memmap!r})")
+        if self._mapped is None or self._mapped.prefetch == on:
             return
-        self._mapped.prefetch = on
-        layout = getattr(self._storage, "_layout", None)
-        if layout is not None:
-            layout.unfused = on
-            layout.records.clear()
+        with self.lock if self.lock is not None else contextlib.nullcontext():
+            self._mapped.prefetch = on
+            storage = self._storage
+            layout = getattr(storage, "_layout", None)
+            if layout is not None:
+                # a new layout object with no batch records: a batch drawn before cannot be refilled by the
+                # fused call (sample(out=) checks the layout's identity), and no cached record outlives the switch
+                layout = copy.copy(layout)
+                layout.records = {}
+                layout.unfused = on
+                storage._layout = layout
 
     @property
     def memmap(self) -> str | None:
