@@ -298,7 +298,8 @@ def test_a_run_whose_driver_is_killed_resumes_from_its_last_checkpoint(tmp_path)
     (resumed,) = report["resumes"]
     assert resumed["step"] == saved["env_steps"] and resumed["updates"] == saved["updates"]
     assert [s["shard"] for s in resumed["shards"]] == [0, 1]
-    assert all(s["restored_next_id"] >= s["seen_next_id"] > 0 for s in resumed["shards"])  # shards saved first
+    assert all(s["restored_next_id"] >= s["seen_next_id"] > 0 for s in resumed["shards"]), \
+        (resumed["shards"], done.stderr[-3000:])  # shards saved first
     rows = [line.split(",") for line in (run / "metrics.csv").read_text().splitlines()[1:]]
     assert int(rows[-1][0]) >= 6000
     assert "resumed at step" in done.stdout + done.stderr
