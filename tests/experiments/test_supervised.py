@@ -67,7 +67,7 @@ def test_a_diverging_step_size_is_marked_and_not_selected():
     assert [c["lr"] for c in supervised.select(rows, cfg)] == [0.1]
 
 
-def test_one_diverged_seed_does_not_rule_out_a_step_size_and_is_counted_apart():
+def test_one_diverged_seed_does_not_rule_out_a_step_size_and_is_counted_apart(tmp_path):
     cfg = supervised.Config(updates=100, seeds=3, learning_rates=(0.3, 0.03), methods=("uniform",))
 
     def final(lr, seed, val, errors, loss=1.0):
@@ -83,6 +83,11 @@ def test_one_diverged_seed_does_not_rule_out_a_step_size_and_is_counted_apart():
     assert (chosen["seeds"], chosen["diverged"], chosen["median_test_errors"]) == (2, 1, 250.0)
     rows[1] = final(0.3, 1, 1.0, 900, loss=np.inf)  # two of three diverged: median 1.0, the other step size wins
     assert [c["lr"] for c in supervised.select(rows, cfg)] == [0.03]
+    rows[0] = final(0.3, 0, 1.0, 900, loss=np.inf)  # every run of the only step size diverged: reported as such
+    (alone,) = supervised.select(rows[:3], supervised.Config(updates=100, seeds=3, learning_rates=(0.3,),
+                                                             methods=("uniform",)))
+    assert (alone["seeds"], alone["diverged"]) == (0, 3) and np.isnan(alone["median_test_errors"])
+    supervised.plot(rows[:3], [alone], 1000, tmp_path / "all_diverged.png", "label")  # draws nothing, no error
 
 
 def test_the_figure_title_names_the_share_of_rare_digits_kept():

@@ -296,13 +296,15 @@ def _finals(rows: list[dict], method: str, lr: float, seeds: range, cfg: Config)
 
 
 def seed_curves(rows: list[dict], method: str, lr: float, key: str) -> tuple[np.ndarray, np.ndarray]:
-    """(updates [T], values [seeds, T]) of ``key`` for the finished seeds of one method and step size."""
+    """(updates [T], values [seeds, T]) of ``key`` for the finished seeds of one method and step size (a run
+    that diverged is left out, even one whose closing row completes its evaluations)."""
     sel = [r for r in rows if r["method"] == method and r["lr"] == lr]
     steps = np.array(sorted({r["update"] for r in sel}))
     by_seed: dict[int, dict[int, float]] = {}
+    diverged = {r["seed"] for r in sel if not np.isfinite(r["test_loss"])}
     for r in sel:
         by_seed.setdefault(r["seed"], {})[r["update"]] = r[key]
-    full = [s for s in sorted(by_seed) if len(by_seed[s]) == len(steps)]
+    full = [s for s in sorted(by_seed) if len(by_seed[s]) == len(steps) and s not in diverged]
     return steps, np.array([[by_seed[s][u] for u in steps] for s in full], dtype=float)
 
 
@@ -393,6 +395,8 @@ def plot(rows: list[dict], chosen: list[dict], n_test: int, path: Path, kept: st
         color = STYLE.get(c["method"], "gray")
         for ax, key in zip(axes, ("test_errors", "test_loss", "train_errors"), strict=True):
             x, values = seed_curves(rows, c["method"], c["lr"], key)
+            if len(values) == 0:  # every run at this step size diverged: nothing to draw
+                continue
             med, lo, hi = median_band(values)
             ax.plot(x, med, color=color, lw=1.6,
                     label=f"{c['method']} (step size {c['lr']:g}, {len(values)} seeds"
