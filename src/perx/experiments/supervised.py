@@ -409,7 +409,8 @@ def plot(rows: list[dict], chosen: list[dict], n_test: int, path: Path, kept: st
         ax.set_xlabel("updates (minibatch 60)")
         ax.grid(alpha=0.3)
     axes[1].set_yscale("log")
-    axes[0].legend(fontsize=8, loc="upper right")
+    if axes[0].get_legend_handles_labels()[0]:  # (nothing drawn when every run diverged)
+        axes[0].legend(fontsize=8, loc="upper right")
     fig.suptitle(f"Class-imbalanced digits ({kept}): median of the seeds at each method's best step size, "
                  "95% bootstrap interval of the median shaded (000 Fig. 5)", fontsize=10)
     fig.tight_layout()
