@@ -29,6 +29,9 @@ from perx.distributed.apex import ApexActor, ApexConfig, _weights, build_network
 
 address, folder, stage = sys.argv[1], sys.argv[2], sys.argv[3]
 ray.init(address=address, log_to_driver=False)
+deadline = time.monotonic() + 120  # node b may register after this driver connects (a loaded machine: seconds)
+while sum(n["Alive"] for n in ray.nodes()) < 2 and time.monotonic() < deadline:
+    time.sleep(0.5)
 names = {n["NodeID"]: ("a" if "node_a" in n["Resources"] else "b") for n in ray.nodes() if n["Alive"]}
 replay = ShardedReplay(4, 4 * 200, perx.Proportional(alpha=0.6), seed=0, checkpoint_dir=folder,
                        scheduling_strategy="SPREAD", memory=10_000_000)
