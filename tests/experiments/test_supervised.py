@@ -188,7 +188,8 @@ def test_select_seeds_runs_the_other_seeds_only_at_each_methods_chosen_step_size
     assert set(calls[:8]) == stage1 and set(calls[8:]) == stage2 and len(calls) == 12
     import csv
 
-    summary = list(csv.DictReader(open(out / "summary.csv")))
+    with open(out / "summary.csv") as f:
+        summary = list(csv.DictReader(f))
     assert [(r["method"], r["lr"], r["seeds"]) for r in summary] == [("uniform", "0.01", "4"),
                                                                      ("prioritized", "0.01", "4")]
     assert (out / "speedup.csv").exists()
