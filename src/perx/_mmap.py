@@ -207,10 +207,10 @@ class MappedFolder:
 
     def prefetch_rows(self, slots: np.ndarray) -> None:
         """Ask the kernel to start reading the pages of rows ``slots`` (int64 [B]) of the row files (``rows``,
-        ``apart-*``; not an episodic observation ring) and return at once: madvise(MADV_WILLNEED) per distinct
-        row. The copy that follows then waits for reads already in flight together, where faulting the
-        pages in one at a time waits for each read in turn (benchmarks/bench_memmap_beyond_ram.py measures
-        both). Costs a system call per row when the pages are already in the page cache."""
+        ``apart-*``; not an episodic observation ring) and return at once: one madvise(MADV_WILLNEED) per range
+        of :func:`row_pages`. The copy that follows then waits for reads already in flight together, where
+        faulting the pages in one at a time waits for each read in turn (benchmarks/bench_memmap_beyond_ram.py
+        measures both). Costs a system call per range when the pages are already in the page cache."""
         for name, mm in self.arrays.items():
             raw = getattr(mm, "_mmap", None)
             if raw is not None and (name == "rows" or name.startswith("apart-")):

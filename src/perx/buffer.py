@@ -273,7 +273,6 @@ class ReplayBuffer:
         """``copy.copy(buf)`` is an independent copy, as ``copy.deepcopy``: a shallow copy would share the
         rows, trees and generator with the original but not its lock, so two threads could write one buffer
         under two locks. (A memmap buffer cannot be copied: its rows are files; ``save()`` writes a copy.)"""
-        import copy
 
         with self.lock if self.lock is not None else contextlib.nullcontext():  # (not torn by another thread)
             return copy.deepcopy(self)
