@@ -299,3 +299,28 @@ def test_add_takes_a_timeout_and_a_closed_hub_stops_its_writers():
         w.add(**one)
     with pytest.raises(ValueError, match="lock_timeout: expected seconds > 0"):
         SharedReplay(buf, 1, lock_timeout=None)
+
+
+def test_a_full_shm_refuses_the_hub_at_creation_and_leaves_no_ring_file(monkeypatch):
+    # a sparse ring in a full /dev/shm would kill a writer with SIGBUS at a later store; the reservation
+    # refuses the hub at once instead
+    import errno
+
+    from perx.shared import _shm_dir
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    before = set(os.listdir(_shm_dir()))
+    monkeypatch.setattr(os, "posix_fallocate", full, raising=False)
+    with pytest.raises(MemoryError, match=r"ring: cannot map 3 rings of 100 rows .*No space left on device"):
+        SharedReplay(perx.ReplayBuffer(10, spec=SPEC), 3, ring=100)
+    assert {f for f in os.listdir(_shm_dir()) if f.startswith("perx-shared-")} <= before
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fallocate"), reason="no posix_fallocate here")
+def test_a_rings_memory_is_reserved_when_the_hub_is_made():
+    with SharedReplay(perx.ReplayBuffer(10, spec=SPEC), 2, ring=10_000) as hub:
+        for ring in hub._rings:
+            st = os.stat(ring.path)
+            assert st.st_size > 10_000 * 8 * 4 and st.st_blocks * 512 >= st.st_size

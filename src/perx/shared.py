@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from perx._mmap import _alive
+from perx._mmap import _alive, _reserve
 from perx.storage import FieldSpec, Storage, _RowLayout
 from perx.validation import _short, check_positive_int
 
@@ -114,6 +114,10 @@ class _Ring:
         layout = _RowLayout(spec)
         nbytes = _HEADER + size * layout.row_bytes
         self.mm = np.memmap(path, np.uint8, mode="w+" if create else "r+", shape=(nbytes,))
+        if create:
+            # commit the ring's memory now: a sparse file in a full /dev/shm would make a writer's later store
+            # raise SIGBUS, which kills the process uncaught; a reservation that fails refuses the hub here
+            _reserve(Path(path))
         self.header = self.mm[:8 * 8].view(np.int64)
         rows = self.mm[_HEADER:].reshape(size, layout.row_bytes)
         self.fields = {}
