@@ -299,3 +299,53 @@ def test_units_after_a_batch_larger_than_the_ring_stay_readable(monkeypatch):
     plain, packed = (buf.get(live) for buf in bufs)
     np.testing.assert_array_equal(packed["obs"], plain["obs"])
     np.testing.assert_array_equal(packed["next_obs"], plain["next_obs"])
+
+
+def test_the_arena_shrinks_once_its_units_compress_better_and_samples_stay_exact(monkeypatch):
+    """Incompressible frames grow the arena; blank frames after them leave it mostly empty: within one ring's
+    worth of writes it is compacted to 1.5x the live bytes (while over SHRINK_AT times them), and the buffer
+    still returns what the uncompressed one does."""
+    monkeypatch.setattr(_lz4, "INITIAL", 256)
+    capacity, size = 40, 32
+    bufs = [perx.ReplayBuffer(capacity, perx.Uniform(), seed=0, episodes=Episodes(next_obs="shared", compress=c))
+            for c in (None, "lz4")]
+    rng = np.random.default_rng(0)
+
+    def extend(obs):
+        for buf in bufs:
+            buf.extend(obs=obs, next_obs=obs, reward=np.zeros(len(obs), np.float32),
+                       terminated=np.ones(len(obs), bool), truncated=np.zeros(len(obs), bool))
+
+    def same():
+        live = np.arange(max(0, bufs[0].next_index - capacity), bufs[0].next_index)
+        for key, value in bufs[0].get(live).items():
+            np.testing.assert_array_equal(bufs[1].get(live)[key], value)
+        x, y = (buf.sample(16) for buf in bufs)
+        np.testing.assert_array_equal(x["obs"], y["obs"])
+
+    for _ in range(capacity):
+        extend(rng.integers(0, 256, (1, size), dtype=np.uint8))
+    same()
+    ring = bufs[1]._episodes.packed  # (made by the first add)
+    grown = ring.arena.nbytes
+    assert grown >= capacity * size  # every unit is stored whole, plus its header
+    sizes = []
+    for _ in range(capacity):  # one at a time; the arena is measured once per ring's worth of ids
+        extend(np.zeros((1, size), np.uint8))
+        sizes.append(ring.arena.nbytes)
+        same()
+    live = ring.live_bytes(bufs[1].next_index)
+    slack = 2 * _lz4.bound(ring.unit)
+    assert live < capacity * 16 and ring.arena.nbytes <= 1.5 * live + slack < grown / 2, (sizes, live)
+    assert sizes[-1] < grown and min(sizes) == sizes[-1]
+    for _ in range(3 * capacity):  # a steady state: no further shrink below what the live units need
+        extend(np.zeros((1, size), np.uint8))
+    same()
+    assert ring.arena.nbytes >= ring.live_bytes(bufs[1].next_index)
+
+
+def test_a_small_arena_is_not_shrunk_below_its_first_size():
+    ring = _lz4.PackedUnits(100, (64,), np.dtype(np.uint8))
+    first = ring.arena.nbytes
+    ring.put(np.arange(300), np.zeros((300, 64), np.uint8))
+    assert ring.arena.nbytes == first  # blank units: far below 1/3 of the arena, but under INITIAL

@@ -35,6 +35,8 @@ _MF_LIMIT = 12
 _MAX_OFFSET = 65535
 #: The arena's first size in bytes (at most the ring's worst case); it grows by half when full.
 INITIAL = 1 << 20
+#: an arena over this many times its live bytes is compacted (PackedUnits._maybe_shrink)
+SHRINK_AT = 3.0
 #: ``lens`` value of a ring slot that holds no unit (never written): it reads as zeros, as an unwritten slot
 #: of the uncompressed ring does.
 EMPTY = -1
@@ -324,7 +326,10 @@ class PackedUnits:
 
     ``packed`` is the (arena, offsets, lengths) triple the compiled gather decodes from. The arena starts at
     ``INITIAL`` bytes and grows by half when a unit does not fit, compacting the live units; so it settles at
-    1-1.5x the live units' compressed bytes (plus at most one unit's worst case where a unit wraps).
+    1-1.5x the live units' compressed bytes (plus at most one unit's worst case where a unit wraps). It also
+    shrinks: once per ``ring`` ids written, an arena larger than ``INITIAL`` and than ``SHRINK_AT`` times the
+    live units' bytes is compacted to 1.5x them (frames that compress better later in a run, say), so it
+    holds at most about 3x what is live, at an O(ring) measurement per ring's worth of writes.
     """
 
     def __init__(self, ring: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
@@ -339,6 +344,8 @@ class PackedUnits:
         self.state = np.array([0, 1, -1], np.int64)
         self.table = np.zeros(1 << _HASH_LOG, np.int64)
         self.scratch = np.empty(bound(self.unit), np.uint8)
+        #: the last id written when the live bytes were last measured (:meth:`_maybe_shrink`)
+        self.measured = -1
 
     @property
     def packed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -383,13 +390,34 @@ class PackedUnits:
                          ids[done:], self.ring)
             if done < m:
                 self._grow(int(ids[done]))
+        self._maybe_shrink()
+
+    def _live(self, first: int, last: int) -> int:
+        """Compressed bytes of ids first..last (at most one ring's worth)."""
+        return int(np.maximum(self.lens[np.arange(first, last + 1) % self.ring], 0).sum()) if last >= first else 0
 
     def _grow(self, writing: int) -> None:
         """Make room for the unit of id ``writing``: a larger arena holding the units that stay live."""
         last = int(self.state[2])
         first = max(writing - self.ring + 1, 0)
-        live = int(np.maximum(self.lens[np.arange(first, last + 1) % self.ring], 0).sum()) if last >= first else 0
-        size = max(int(1.5 * self.arena.shape[0]), live + 2 * bound(self.unit))
+        live = self._live(first, last)
+        self._move(max(int(1.5 * self.arena.shape[0]), live + 2 * bound(self.unit)), first, last)
+
+    def _maybe_shrink(self) -> None:
+        """Once per ``ring`` ids written: compact an arena over ``SHRINK_AT`` times the live bytes (and over
+        ``INITIAL``) to 1.5x them. The measurement is O(ring), so O(1) per id written."""
+        last = int(self.state[2])
+        if last - getattr(self, "measured", -1) < self.ring:
+            return
+        self.measured = last
+        first = max(last - self.ring + 1, 0)
+        live = self._live(first, last)
+        slack = 2 * bound(self.unit)  # room for a unit at the head and one that wraps, as a new arena has
+        if self.arena.shape[0] > max(SHRINK_AT * live, INITIAL) + slack:
+            self._move(int(1.5 * live) + slack, first, last)
+
+    def _move(self, size: int, first: int, last: int) -> None:
+        """A new arena of ``size`` bytes holding the units of ids first..last, compacted in id order."""
         out = np.empty(size, np.uint8)
         self.state[0] = _compact(self.arena, self.offs, self.lens, self.ring, first, last, out)
         self.arena = out
@@ -432,3 +460,4 @@ class PackedUnits:
         self.offs[slots] = starts
         self.lens[slots] = lengths
         self.state[:] = (total, 1, int(ids[-1]) if len(ids) else -1)
+        self.measured = int(self.state[2])
