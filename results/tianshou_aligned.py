@@ -6,8 +6,8 @@ from 0 after them (tianshou/trainer/offpolicy.py at v0.4.0: ``env_step, gradient
 ``env_step += result["n/st"]`` per collect; the test return is logged at that step, and its
 examples/mujoco/tools.py copies the step into result.json unchanged). perx counts every environment step, the
 random ones included. So Tianshou at x has made x critic updates after 25,000 + x environment steps, and the run
-of perx that has made as many updates is perx at x + 25,000. This script compares the two both ways: aligned (perx at s against Tianshou at
-s - 25,000) and as docs/td3.md first did (both at s).
+of perx that has made as many updates is perx at x + 25,000. This script compares the two both ways: aligned
+(perx at s against Tianshou at s - 25,000) and as docs/td3.md first did (both at s).
 
 Tianshou's numbers (mean and standard deviation over its 10 seeds of the 10-episode test return) are those of
 its repository at commit c302433, docs/_static/js/mujoco/benchmark/<env>-v3/result.json, rows "TD3", up to
