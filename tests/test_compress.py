@@ -344,7 +344,7 @@ def test_the_arena_shrinks_once_its_units_compress_better_and_samples_stay_exact
     assert ring.arena.nbytes >= ring.live_bytes(bufs[1].next_index)
 
 
-def test_a_small_arena_is_not_shrunk_below_its_first_size():
+def test_an_arena_under_initial_is_not_shrunk():
     ring = _lz4.PackedUnits(100, (64,), np.dtype(np.uint8))
     first = ring.arena.nbytes
     ring.put(np.arange(300), np.zeros((300, 64), np.uint8))

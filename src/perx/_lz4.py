@@ -35,7 +35,8 @@ _MF_LIMIT = 12
 _MAX_OFFSET = 65535
 #: The arena's first size in bytes (at most the ring's worst case); it grows by half when full.
 INITIAL = 1 << 20
-#: an arena over this many times its live bytes is compacted (PackedUnits._maybe_shrink)
+#: an arena over this many times its live bytes is compacted to 1.5x them (PackedUnits._maybe_shrink); it must
+#: exceed 1.5 and the growth factor, or a shrink would not shrink and a steady state would copy every ring
 SHRINK_AT = 3.0
 #: ``lens`` value of a ring slot that holds no unit (never written): it reads as zeros, as an unwritten slot
 #: of the uncompressed ring does.
@@ -328,8 +329,9 @@ class PackedUnits:
     ``INITIAL`` bytes and grows by half when a unit does not fit, compacting the live units; so it settles at
     1-1.5x the live units' compressed bytes (plus at most one unit's worst case where a unit wraps). It also
     shrinks: once per ``ring`` ids written, an arena larger than ``INITIAL`` and than ``SHRINK_AT`` times the
-    live units' bytes is compacted to 1.5x them (frames that compress better later in a run, say), so it
-    holds at most about 3x what is live, at an O(ring) measurement per ring's worth of writes.
+    live units' bytes is compacted to 1.5x them (frames that compress better later in a run, say), so right
+    after each measurement it holds at most 3x what is live (or ``INITIAL``), at an O(ring) measurement per
+    ring's worth of writes.
     """
 
     def __init__(self, ring: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
