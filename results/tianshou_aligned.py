@@ -18,12 +18,13 @@ seeds committed so far); uniform TD3 on the v5 tasks in each.
     python results/tianshou_aligned.py > results/tianshou_aligned.md
 """
 import argparse
-import csv
 import json
 import statistics
 from pathlib import Path
 
 from scipy import stats
+
+from perx.experiments.study import collect
 
 OFFSET = 25_000  # Tianshou's random-start steps, outside its x-axis (start_timesteps)
 ROOT = Path(__file__).resolve().parent
@@ -99,10 +100,9 @@ def check_against(folder: Path) -> None:
 def returns(study: str, env: str) -> dict[int, list[float]]:
     """{step: eval returns of the uniform runs, one per seed}"""
     out: dict[int, list[float]] = {}
-    for path in sorted((ROOT / study / f"{env}-v5" / "uniform").glob("seed=*/metrics.csv")):
-        with path.open() as f:
-            for row in csv.DictReader(f):
-                out.setdefault(int(row["step"]), []).append(float(row["eval_return"]))
+    for rows in collect(ROOT / study).get(f"{env}-v5", {}).get("uniform", {}).values():
+        for row in rows:
+            out.setdefault(int(row["step"]), []).append(row["eval_return"])
     return out
 
 

@@ -279,8 +279,7 @@ def test_a_run_whose_driver_is_killed_resumes_from_its_last_checkpoint(tmp_path)
             "actor_cpus=0.0"]
     cmd = [sys.executable, "-c", "import sys; from perx.cli import main; sys.exit(main(sys.argv[1:]))"]
     run = tmp_path / "CartPole-v1" / "apex-per" / "seed=0"
-    driver = subprocess.Popen(cmd + args, start_new_session=True, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+
     def seen_in_every_shard() -> bool:
         # a checkpoint that names rows of every shard: under load one actor can start late, so the first
         # checkpoints may name none of its shard's rows, and the check below would then compare 0 with 0
@@ -289,6 +288,8 @@ def test_a_run_whose_driver_is_killed_resumes_from_its_last_checkpoint(tmp_path)
         except (FileNotFoundError, EOFError, RuntimeError):
             return False
 
+    driver = subprocess.Popen(cmd + args, start_new_session=True, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 240
         while not seen_in_every_shard() and time.time() < deadline and driver.poll() is None:
