@@ -10,7 +10,8 @@ Vector observations float32[8], N = 1e6, one stream of 1000-step episodes (bench
   observations, the batch's derived fields; a new set of ids each call, cycling through 64 sets, so that the
   rows are not in the cache, as in a sample), and for 0 ids: its fixed cost (Python, allocations, the kernel
   call);
-* the window kernel (``perx.episodes._gather``) called with 0 ids: numba's dispatch of its arguments alone.
+* the window kernel (``perx.episodes._windows_stored``; ``_gather`` in shared mode) called with 0 ids: numba's
+  dispatch of its arguments alone.
 
 So gather(B) - gather(0) is the per-row work, gather(0) - kernel(0) the Python around the call, kernel(0) the
 dispatch; sample(B) - gather(B) for an episodic layout is the draw and the stored fields' gather, which the plain
@@ -38,20 +39,22 @@ LAYOUTS = [("obs and next_obs stored (no episodes)", None), ("Episodes(n_step=1)
 
 
 def kernel_args(buf: perx.ReplayBuffer, ids: np.ndarray) -> tuple:
-    """The window kernel's arguments for ``ids``, as EpisodeStore.gather builds them."""
+    """(the window kernel, its arguments for ``ids``), as EpisodeStore.gather builds them."""
     st, storage = buf._episodes, buf._storage.data
     cfg, count = st.cfg, len(ids)
-    floats, ints, flags = np.empty((2, count)), np.empty((2, count), np.int64), np.empty((2, count), np.bool_)
-    out = (floats[0], floats[1], ints[0], ints[1], flags[0], flags[1])
+    floats, steps, (term, trunc) = np.empty((2, count)), np.empty(count, np.int64), np.empty((2, count), np.bool_)
     head = (ids, st.succ, storage["reward"], storage["terminated"], storage["truncated"], st.capacity, cfg.n_step,
-            cfg.gamma, *out)
+            cfg.gamma)
+    links = st.head if cfg.streams == 1 else np.empty(0, np.int64)
     if not cfg.shared:
         nxt = np.empty((count, 8), np.float32)
-        return (*head, E._STORED_NEXT, E._rows(storage[cfg.next_name]), *E._NO_UNITS[2:-1], E._rows(nxt, count))
+        return E._windows_stored, (*head, links, floats[0], floats[1], steps, term, trunc,
+                                   E._rows(storage[cfg.next_name]), E._rows(nxt, count))
     obs = np.empty((count, 8), np.float32)
     nxt = np.empty_like(obs)
-    return (*head, E._SHARED, *st._ring(), st.rpred, st.ring, E._rows(st.final_units), st.final,
-            E._rows(st.head_units), st.stream, 0, False, E._rows(obs, count), E._rows(nxt, count))
+    return E._gather, (*head, links, floats[0], floats[1], steps, term, trunc, *st._ring(), st.rpred, st.ring,
+                       E._rows(st.final_units), st.final, E._rows(st.head_units), st.stream, 0, False,
+                       E._rows(obs, count), E._rows(nxt, count))
 
 
 def main() -> None:
@@ -85,8 +88,8 @@ def main() -> None:
                 st, storage = buf._episodes, buf._storage.data
                 fns[(name, "gather(B)")] = lambda st=st, s=storage, sets=id_sets: st.gather(next(sets), None, {}, s)
                 fns[(name, "gather(0)")] = lambda st=st, s=storage, ids=ids[:0]: st.gather(ids, None, {}, s)
-                call0 = kernel_args(buf, ids[:0])
-                fns[(name, "kernel(0)")] = lambda a=call0: E._gather(*a)
+                kernel, call0 = kernel_args(buf, ids[:0])
+                fns[(name, "kernel(0)")] = lambda f=kernel, a=call0: f(*a)
         cells = _interleaved(fns, args.blocks, args.calls if b <= 64 else args.calls // 4)
         plain = cells[(LAYOUTS[0][0], "sample+update")].median
         for name in bufs:

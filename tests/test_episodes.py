@@ -141,6 +141,55 @@ def test_windows_observations_and_stacks_match_brute_force(layout, streams, seed
         check_all(buf, world, cfg.n_step, gamma)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
+@pytest.mark.parametrize("name", ["uniform", "proportional"])
+@pytest.mark.parametrize("streams", [1, 3])
+def test_sampled_batches_carry_the_brute_force_windows(layout, name, streams):
+    # sample() draws and copies the stored rows in one compiled call, then the window kernel overwrites the rows'
+    # own next observations and end flags in that batch (stored mode) or adds the rebuilt ones: check that path
+    # (check_all reads through get(), which copies the stored fields apart); batches of 1 to 40, with duplicates
+    rng = np.random.default_rng(11)
+    gamma = 0.9
+    frames = layout.get("frame_stack")
+    margin = {"frame_margin": (frames - 1) * 2 * streams} if frames else {}
+    cfg = Episodes(gamma=gamma, streams=streams, **layout, **margin)
+    buf = perx.ReplayBuffer(64, SAMPLERS[name](), seed=3, episodes=cfg)
+    world = World(rng, streams, cfg.frame_stack, cfg.frame_padding)
+    for total in (20, 150):
+        feed(buf, world, rng, total, rounds=bool(frames))
+        for b in (1, 7, 40):
+            batch = buf.sample(b, beta=0.5)
+            for row, i in enumerate(batch.indices.tolist()):
+                g, d, k, nxt, term = world.window(i, cfg.n_step, gamma)
+                assert batch["steps"][row] == k and batch["terminated"][row] == term
+                assert batch["return"][row] == pytest.approx(g, abs=1e-9)
+                assert batch["discount"][row] == pytest.approx(d, abs=1e-12)
+                np.testing.assert_array_equal(batch["next_obs"][row], nxt)
+                np.testing.assert_array_equal(batch["obs"][row], world.steps[i]["obs"])
+                assert batch["action"][row] == world.steps[i]["action"]
+
+
+def test_a_copied_episodic_buffer_remakes_its_gather_cache_and_samples_the_same():
+    import copy
+    import pickle
+
+    rng = np.random.default_rng(2)
+    buf = perx.ReplayBuffer(50, perx.Proportional(), seed=0, episodes=Episodes(n_step=3, streams=2))
+    world = World(rng, 2)
+    feed(buf, world, rng, 70)
+    buf.sample(4)  # fills the store's cache of views into the storage
+    assert buf._episodes._next_rows is not None
+    for make in (lambda: pickle.loads(pickle.dumps(buf)), lambda: copy.deepcopy(buf)):
+        twin = make()
+        assert twin._episodes._next_rows is None  # views of the original's rows are not carried over
+        a, b = buf.sample(9), twin.sample(9)
+        for key in a:
+            np.testing.assert_array_equal(a[key], b[key])
+        own = copy.deepcopy(world)
+        feed(twin, own, rng, 90)  # the twin's new rows are read through its own views
+        check_all(twin, own, 3, 0.99)
+
+
 @pytest.mark.parametrize("layout", LAYOUTS[1:], ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))
 @pytest.mark.parametrize("name", ["uniform", "proportional", "rank", "greedy"])
 def test_save_load_round_trips_an_episodic_buffer(layout, name, tmp_path):

@@ -52,6 +52,7 @@ from numba import njit
 from perx._lz4 import PackedUnits, unpack_row
 from perx._mmap import MappedCreateError, MappedFileError, MappedFolder, zeros
 from perx._nested import DictLayout, same_rows
+from perx._prefetch import AHEAD, prefetch
 from perx.validation import _short, check_bool, check_choice, check_positive_int, check_real, to_numpy
 
 ENDED = -1
@@ -166,17 +167,32 @@ def _copy_unit(dst, d, units, arena, offs, lens, r):
 
 
 @njit(cache=True, nogil=True)
-def _walk(dst, base, top, c, units, arena, offs, lens, rpred, ring, zero_padding, seen, record, src, src_base):
-    """Copy the frames of the stack ending at id ``c`` into rows base+top, base+top-1, ..., base (newest
-    first), walking back through the episode; before its first frame: padding.
+def _walk(dst, base, top, c, units, arena, offs, lens, rpred, ring, zero_padding, seen, record, src, src_base,
+          slots):
+    """Copy the frames of the stack ending at id ``c`` into rows base, base+1, ..., base+top (oldest first),
+    found by walking back through the episode from ``c``; before its first frame: padding.
+
+    The walk back only reads ``rpred`` and notes each row's ring slot in ``slots`` (int64, >= top + 1 entries;
+    -1: zero padding); the frames are copied after it, oldest first. A stack's frames lie at ascending addresses
+    of the ring, and copying them in that order lets the hardware prefetcher stream them: copying newest first
+    made n-step stacks of Atari frames (4 x 84 x 84 bytes) about 1.25x slower to sample (issue 40 item 4;
+    results/bench.md).
 
     With a compressed ring, ``seen`` (int64 [k]) holds the ring slot of each row ``src_base + q`` of ``src``
     already decoded for this sample (-1: none), and a frame found there is copied from that row instead of
     decoded again (a stack and its next stack share k - 1 frames, and "first" padding repeats a frame);
     ``record`` writes this walk's slots into ``seen``. An empty ``seen`` turns this off."""
     for t in range(top, -1, -1):
-        if c >= 0:
-            r = c % ring
+        slots[t] = c % ring if c >= 0 else -1
+        p = rpred[c % ring] if c >= 0 else -1
+        if p >= 0:
+            c = p
+        elif zero_padding:
+            c = -1
+        # "first" padding: c stays at the episode's first frame
+    for t in range(top + 1):
+        r = slots[t]
+        if r >= 0:
             hit = -1
             for q in range(seen.shape[0]):
                 if seen[q] == r:
@@ -186,19 +202,11 @@ def _walk(dst, base, top, c, units, arena, offs, lens, rpred, ring, zero_padding
                 _copy_row(dst, base + t, src, src_base + hit)
             else:
                 _copy_unit(dst, base + t, units, arena, offs, lens, r)
-            if record:
-                seen[t] = r
         else:
             for col in range(dst.shape[1]):
                 dst[base + t, col] = 0
-            if record:
-                seen[t] = -1
-        p = rpred[c % ring] if c >= 0 else -1
-        if p >= 0:
-            c = p
-        elif zero_padding:
-            c = -1
-        # "first" padding: c stays at the episode's first frame
+        if record:
+            seen[t] = r
 
 
 @njit(cache=True, nogil=True)
@@ -206,57 +214,139 @@ def _next_stacks(heads, streams, rpred, ring, units, arena, offs, lens, head_uni
     """The full next observation (a stack) of each stream's newest step: its stack shifted by one
     frame, then the stream's pending newest frame."""
     none = np.empty(0, np.int64)
+    slots = np.empty(k, np.int64)
     for b in range(heads.shape[0]):
-        _walk(out, b * k, k - 2, heads[b], units, arena, offs, lens, rpred, ring, zero_padding, none, False, out, 0)
+        _walk(out, b * k, k - 2, heads[b], units, arena, offs, lens, rpred, ring, zero_padding, none, False, out, 0,
+              slots)
         _copy_row(out, b * k + k - 1, head_units, streams[b])
 
 
 @njit(cache=True, nogil=True)
-def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, disc, steps, last, term, trunc,
-            shared, units, arena, offs, lens, rpred, ring, final_units, final, head_units, stream, k, zero_padding,
-            obs, nxt):
-    """The n-step windows of ``ids`` (return, discount, steps, last id, how they ended) and, by ``shared``:
-    _STORED_NEXT, the stored next observations of the windows' last steps (``units``: the field's rows, one per
-    slot) copied into ``nxt``; _SHARED, the observations of ``ids`` and the next observations of the windows'
-    last steps, copied row by row into ``obs`` / ``nxt`` (2-D views: one row per unit; k rows per sample with
-    frames; byte views when the ring is compressed: ``arena`` not None); _WINDOWS_ONLY, neither."""
-    seen = np.empty(k if k > 0 and arena is not None else 0, np.int64)  # (see _walk)
-    for b in range(ids.shape[0]):
-        j = ids[b]
-        g = 0.0
-        d = 1.0
-        m = 0
-        ended_term = False
-        ended_trunc = False
-        while True:
-            s = j % capacity
-            g += d * reward[s]
-            d *= gamma
-            m += 1
-            if terminated[s] or truncated[s]:
-                ended_term = terminated[s]
-                ended_trunc = truncated[s]  # both can be true: then no bootstrap (terminated wins)
-                if ended_term:
-                    d = 0.0
-                break
+def _prefetch_window(j, n, capacity, succ, reward, rs, units, umod, us, end, links, rows):
+    """Start loading what the n-step window from id ``j`` reads, as if its steps were ids j, j+1, ..., j+n-1 (so
+    they are with one stream; with more, the guess only misses): each step's link (if ``links``) and reward, and
+    ``rows`` (n or n + 1) rows of ``units`` from id j on (ids % ``umod``: the stored next observations of the
+    window's steps, or the ring's observations, one more for the window's next observation), their elements 0
+    and ``end``. ``rs`` / ``us``: the row strides of ``reward`` and ``units`` in elements (they may be strided
+    views into the storage's records: an element's flat offset from the data pointer is its row times that
+    stride). A hint: values never change."""
+    for t in range(n):
+        s = (j + t) % capacity
+        if links:  # (not when the window does not read them: see _window)
+            prefetch(succ, s)
+        prefetch(reward, s * rs)
+        r = ((j + t) % umod) * us
+        prefetch(units, r)
+        prefetch(units, r + end)
+    if rows > n:
+        r = ((j + n) % umod) * us
+        prefetch(units, r)
+        prefetch(units, r + end)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _window(j, succ, reward, terminated, truncated, capacity, n, gamma, head):
+    """The n-step window from id ``j``: (return, discount to the bootstrap value, steps, its last id, ended by a
+    termination, ended by a truncation). Sutton & Barto's n-step return, cut at an episode's end or at its
+    stream's newest step.
+
+    ``head``: empty, or with one stream the stream's newest id (int64 [1]): a step that does not end its episode
+    is then followed by the next id, or is the newest (pending), so its link is not read (one cache miss fewer
+    per window: ``succ`` is an array of its own)."""
+    single = head.shape[0] == 1
+    g = 0.0
+    d = 1.0
+    m = 0
+    ended_term = False
+    ended_trunc = False
+    while True:
+        s = j % capacity
+        g += d * reward[s]
+        d *= gamma
+        m += 1
+        if terminated[s] or truncated[s]:
+            ended_term = terminated[s]
+            ended_trunc = truncated[s]  # both can be true: then no bootstrap (terminated wins)
+            if ended_term:
+                d = 0.0
+            break
+        if single:
+            after = j + 1 if j < head[0] else PENDING
+        else:
             after = succ[s]
-            if m == n or after < 0:  # window full, or the stream's newest step (PENDING)
-                break
-            j = after
+        if m == n or after < 0:  # window full, or the stream's newest step (PENDING)
+            break
+        j = after
+    return g, d, m, j, ended_term, ended_trunc
+
+
+@njit(cache=True, nogil=True)
+def _windows_stored(ids, succ, reward, terminated, truncated, capacity, n, gamma, head, ret, disc, steps, term,
+                    trunc, units, nxt):
+    """The n-step windows of ``ids`` of a buffer that stores next observations (``next_obs="stored"``): return,
+    discount, steps and how each window ended, and the stored next observation of its last step (``units``: the
+    field's rows) into ``nxt``; ``head``: see :func:`_window`. (Its own kernel, not a mode of :func:`_gather`:
+    numba's dispatch costs per argument, and is most of the fixed cost of a sample at small B.)"""
+    count = ids.shape[0]
+    ahead = AHEAD if n > 1 else 0  # (see _gather)
+    rs = reward.strides[0] // reward.itemsize
+    us = units.strides[0] // units.itemsize
+    end = units.shape[1] - 1
+    for b in range(min(ahead, count)):
+        _prefetch_window(ids[b], n, capacity, succ, reward, rs, units, capacity, us, end, head.shape[0] == 0, n)
+    for b in range(count):
+        if ahead and b + ahead < count:
+            _prefetch_window(ids[b + ahead], n, capacity, succ, reward, rs, units, capacity, us, end,
+                             head.shape[0] == 0, n)
+        g, d, m, j, ended_term, ended_trunc = _window(ids[b], succ, reward, terminated, truncated, capacity, n, gamma,
+                                                            head)
         ret[b] = g
         disc[b] = d
         steps[b] = m
-        last[b] = j
         term[b] = ended_term
         trunc[b] = ended_trunc
-        if shared == _STORED_NEXT:
-            _copy_row(nxt, b, units, j % capacity)
-            continue
-        if shared != _SHARED:
-            continue
+        _copy_row(nxt, b, units, j % capacity)
+
+
+@njit(cache=True, nogil=True)
+def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, head, ret, disc, steps, term, trunc, units,
+            arena, offs, lens, rpred, ring, final_units, final, head_units, stream, k, zero_padding, obs, nxt):
+    """The n-step windows of ``ids`` (return, discount, steps, how each ended) of a buffer that stores
+    observations once (``next_obs="shared"``), with the observations of ``ids`` and the next observations of the
+    windows' last steps, copied row by row into ``obs`` / ``nxt`` (2-D views: one row per unit; k rows per sample
+    with frames; byte views when the ring is compressed: ``arena`` not None); ``head``: see :func:`_window`."""
+    seen = np.empty(k if k > 0 and arena is not None else 0, np.int64)  # (see _walk)
+    slots = np.empty(k, np.int64)
+    single = head.shape[0] == 1
+    count = ids.shape[0]
+    # Without frames a window's few rows are cache misses, each waited for in turn (a step's link gives the
+    # next); asking for the rows of the window AHEAD samples on keeps many in flight: at N = 1e6 and B = 256 this
+    # made n = 3 windows of vectors about 1.5x faster (issue 40 item 4). Frames are long rows, which the hardware
+    # prefetcher streams (see _walk); a compressed ring's blocks are decoded, not copied.
+    ahead = AHEAD if k == 0 and arena is None else 0
+    rs = reward.strides[0] // reward.itemsize
+    us = units.strides[0] // units.itemsize
+    end = units.shape[1] - 1
+    for b in range(min(ahead, count)):
+        _prefetch_window(ids[b], n, capacity, succ, reward, rs, units, ring, us, end, not single, n + 1)
+    for b in range(count):
+        if ahead and b + ahead < count:
+            _prefetch_window(ids[b + ahead], n, capacity, succ, reward, rs, units, ring, us, end, not single, n + 1)
+        g, d, m, j, ended_term, ended_trunc = _window(ids[b], succ, reward, terminated, truncated, capacity, n, gamma,
+                                                      head)
+        ret[b] = g
+        disc[b] = d
+        steps[b] = m
+        term[b] = ended_term
+        trunc[b] = ended_trunc
         # where the window's next observation (or its newest frame) is
         s = j % capacity
-        after = succ[s]
+        if not single:
+            after = succ[s]
+        elif ended_term or ended_trunc:
+            after = ENDED
+        else:
+            after = j + 1 if j < head[0] else PENDING
         if k == 0:
             _copy_unit(obs, b, units, arena, offs, lens, ids[b] % ring)
             if after >= 0:
@@ -269,8 +359,10 @@ def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, ret, d
         # frames: the stack of ids[b], then that of j shifted by one frame and the next newest frame
         if seen.shape[0]:
             seen[:] = -1
-        _walk(obs, b * k, k - 1, ids[b], units, arena, offs, lens, rpred, ring, zero_padding, seen, True, obs, b * k)
-        _walk(nxt, b * k, k - 2, j, units, arena, offs, lens, rpred, ring, zero_padding, seen, False, obs, b * k)
+        _walk(obs, b * k, k - 1, ids[b], units, arena, offs, lens, rpred, ring, zero_padding, seen, True, obs, b * k,
+              slots)
+        _walk(nxt, b * k, k - 2, j, units, arena, offs, lens, rpred, ring, zero_padding, seen, False, obs, b * k,
+              slots)
         if after >= 0:
             _copy_unit(nxt, b * k + k - 1, units, arena, offs, lens, after % ring)
         elif after == ENDED:
@@ -287,14 +379,10 @@ def _rows(arr: np.ndarray, count: int | None = None) -> np.ndarray:
     return view
 
 
-_WINDOWS_ONLY, _STORED_NEXT, _SHARED = 0, 1, 2
 #: ``arena, offs, lens`` of an uncompressed ring: the kernels copy rows of ``units``
 _NO_PACK = (None, None, None)
 #: a compressed ring's ``units`` argument (never read)
 _NO_ROWS = np.zeros((1, 1), np.uint8)
-_NO_UNITS = (_WINDOWS_ONLY, np.zeros((1, 1)), *_NO_PACK, np.zeros(1, np.int64), 1, np.zeros((1, 1)),
-             np.zeros(1, np.int64), np.zeros((1, 1)), np.zeros(1, np.int64), 0, False, np.zeros((1, 1)),
-             np.zeros((1, 1)))
 
 
 # -- the store -----------------------------------------------------------------------------------------
@@ -337,11 +425,20 @@ class EpisodeStore:
         self.obs_spec: tuple[tuple[int, ...], np.dtype] | None = None
         self.units = self.final_units = self.head_units = None  # type: ignore[assignment]  # until allocate()
         self.final_free = np.empty(0, np.int64)
-        #: (the stored next-observation field, its 2-D view): what the gather of stored mode copies from
-        self._next_rows: tuple[np.ndarray, np.ndarray] | None = None
+        #: (the stored next-observation field, then the arguments of the window kernel that do not change, then the
+        #: field's name): what the gather of stored mode reads (:meth:`_gather_stored`), made once per storage
+        #: (views into it: dropped from pickles and copies, remade on first use)
+        self._next_rows: tuple | None = None
+        #: the same for shared mode (:meth:`_gather_shared`)
+        self._shared_args: tuple | None = None
         #: The folder whose file holds the observation ring (``ReplayBuffer(memmap=...)``), or None: in RAM.
         #: Only the ring is mapped: it is capacity-sized; the links, head and final observations stay in RAM.
         self.mapped: MappedFolder | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_next_rows"] = state["_shared_args"] = None
+        return state
 
     # layouts -------------------------------------------------------------------------------------
     def check_spec(self, spec: dict) -> None:
@@ -686,40 +783,89 @@ class EpisodeStore:
         return where
 
     # sampling ------------------------------------------------------------------------------------
+    def _gather_stored(self, ids: np.ndarray, data: dict[str, np.ndarray], storage: dict[str, np.ndarray]) -> None:
+        """:meth:`gather` of stored mode: the windows, and the stored next observations of their last steps, in
+        one compiled call. Written for the fixed cost of a sample at small B (about 2 us of Python around the
+        kernel at B = 32; results/episodic_parts.md): the arguments that do not change are made once per storage,
+        and a batch drawn and copied in one call (``ReplayBuffer.sample``), which already holds the sampled rows'
+        own next observations and end flags (fresh arrays of that batch), has them overwritten in place with the
+        windows'; other callers leave them out (``derived``), and they are allocated here."""
+        cfg = self.cfg
+        source = storage[cfg.next_name]
+        cached = self.__dict__.get("_next_rows")  # (a store unpickled from an earlier perx has none)
+        if cached is None or cached[0] is not source:
+            cached = self._next_rows = (source, self.succ, storage["reward"], storage["terminated"],
+                                        storage["truncated"], self.capacity, cfg.n_step, cfg.gamma,
+                                        self.head if cfg.streams == 1 else np.empty(0, np.int64), _rows(source),
+                                        cfg.next_name)
+        _, succ, reward, terminated, truncated, cap, n, gamma, head, rows, name = cached
+        count = len(ids)
+        nxt, term, trunc = data.get(name), data.get("terminated"), data.get("truncated")
+        if nxt is None or term is None or trunc is None:
+            nxt = np.empty((count, *source.shape[1:]), source.dtype)
+            term, trunc = np.empty(count, np.bool_), np.empty(count, np.bool_)
+        ret, disc, steps = np.empty(count), np.empty(count), np.empty(count, np.int64)
+        _windows_stored(ids, succ, reward, terminated, truncated, cap, n, gamma, head, ret, disc, steps, term, trunc,
+                        rows, nxt if nxt.ndim == 2 else _rows(nxt, count))
+        data[name] = nxt
+        data["return"] = ret
+        data["discount"] = disc
+        data["steps"] = steps
+        data["terminated"] = term
+        data["truncated"] = trunc
+
+    def _gather_shared(self, ids: np.ndarray, data: dict[str, np.ndarray], storage: dict[str, np.ndarray]) -> None:
+        """:meth:`gather` of shared mode: the windows, and the observations and next observations rebuilt from the
+        ring, in one compiled call; the kernel's arguments that do not change are made once (as in
+        :meth:`_gather_stored`), again whenever an observation store is replaced (allocated, or the final
+        observations' store grown)."""
+        cfg = self.cfg
+        units, final_units, head_units, reward = self.units, self.final_units, self.head_units, storage["reward"]
+        cached: Any = self.__dict__.get("_shared_args")
+        if cached is None or cached[0] is not units or cached[1] is not final_units or cached[2] is not head_units \
+                or cached[3] is not reward:
+            rows = _rows if self.packed is None else self._unit_rows
+            links = self.head if cfg.streams == 1 else np.empty(0, np.int64)
+            cached = self._shared_args = (
+                units, final_units, head_units, reward,
+                (self.succ, reward, storage["terminated"], storage["truncated"], self.capacity, cfg.n_step, cfg.gamma,
+                 links),
+                None if self.packed is not None else self._ring(),
+                (self.rpred, self.ring, rows(final_units), self.final, rows(head_units), self.stream,
+                 cfg.frame_stack or 0, cfg.frame_padding == "zero"),
+                (cfg.frame_stack,) if cfg.frame_stack else (), units.shape[1:], units.dtype, rows)
+        _, _, _, _, front, ring, back, stack, unit, dtype, rows = cached
+        count = len(ids)
+        obs = np.empty((count, *stack, *unit), dtype)
+        nxt = np.empty((count, *stack, *unit), dtype)
+        ret, disc, steps = np.empty(count), np.empty(count), np.empty(count, np.int64)
+        term, trunc = np.empty(count, np.bool_), np.empty(count, np.bool_)
+        if ring is None:  # a compressed ring: its arena is replaced as it grows or shrinks
+            ring = self._ring()
+        if obs.ndim == 2 and self.packed is None:
+            obs_rows, nxt_rows = obs, nxt
+        else:
+            units_per = count * (stack[0] if stack else 1)
+            obs_rows, nxt_rows = rows(obs, units_per), rows(nxt, units_per)
+        args = (ids, *front, ret, disc, steps, term, trunc, *ring, *back, obs_rows, nxt_rows)
+        _gather(*args)
+        data[cfg.obs] = obs
+        data[cfg.next_name] = nxt
+        data["return"] = ret
+        data["discount"] = disc
+        data["steps"] = steps
+        data["terminated"] = term
+        data["truncated"] = trunc
+
     def gather(self, ids: np.ndarray, slots: np.ndarray | None, data: dict[str, np.ndarray],
                storage: dict[str, np.ndarray]) -> None:
         """Add the episode fields of a batch to ``data`` (the rows of the stored fields at ``slots``):
         one compiled pass computes the windows and copies the observations."""
         cfg = self.cfg
-        cap = self.capacity
-        count = len(ids)
-        floats, ints, flags = np.empty((2, count)), np.empty((2, count), np.int64), np.empty((2, count), np.bool_)
-        ret, disc, steps, last, term, trunc = floats[0], floats[1], ints[0], ints[1], flags[0], flags[1]
-        out = (ret, disc, steps, last, term, trunc)
-        if not cfg.shared:
-            # the stored next observations, copied at the windows' last steps in the same pass
-            source = storage[cfg.next_name]
-            cached = self.__dict__.get("_next_rows")  # (a store unpickled from an earlier perx has none)
-            if cached is None or cached[0] is not source:
-                cached = self._next_rows = (source, _rows(source))
-            nxt = np.empty((count, *source.shape[1:]), source.dtype)
-            _gather(ids, self.succ, storage["reward"], storage["terminated"], storage["truncated"], cap,
-                    cfg.n_step, cfg.gamma, *out, _STORED_NEXT, cached[1], *_NO_UNITS[2:-1], _rows(nxt, count))
-            data[cfg.next_name] = nxt
-        else:
-            shape = self.units.shape[1:]
-            k = cfg.frame_stack or 1
-            obs = np.empty((count, k, *shape) if cfg.frame_stack else (count, *shape), self.units.dtype)
-            nxt = np.empty_like(obs)
-            rows = _rows if self.packed is None else self._unit_rows
-            _gather(ids, self.succ, storage["reward"], storage["terminated"], storage["truncated"], cap,
-                    cfg.n_step, cfg.gamma, *out, _SHARED, *self._ring(), self.rpred, self.ring,
-                    rows(self.final_units), self.final, rows(self.head_units), self.stream,
-                    cfg.frame_stack or 0, cfg.frame_padding == "zero", rows(obs, count * k), rows(nxt, count * k))
-            data[cfg.obs] = obs
-            data[cfg.next_name] = nxt
-        data["return"], data["discount"], data["steps"] = ret, disc, steps
-        data["terminated"], data["truncated"] = term, trunc
+        if cfg.next_obs == "stored":
+            self._gather_stored(ids, data, storage)
+            return
+        self._gather_shared(ids, data, storage)
 
     # state ---------------------------------------------------------------------------------------
     def _ring_ids(self, next_id: int) -> np.ndarray:
