@@ -47,8 +47,9 @@ def _intrinsic(write: int, doc: str):
     return intrinsic(hint)
 
 
-#: prefetch(arr, index): start loading the line of element ``index`` of the C-contiguous array ``arr``'s data
-#: (a flat element offset, not bounds-checked: any value is harmless), for reading.
+#: prefetch(arr, index): start loading the line of element ``index`` of the array ``arr``'s data, for reading:
+#: a flat offset in elements from its data pointer (so, for a strided view, a row's first element is the row times
+#: the row stride in elements), not bounds-checked: any value is harmless.
 prefetch = _intrinsic(0, "Start loading the line of flat element ``index`` of C-contiguous ``arr``, for reading.")
 #: prefetch_write(arr, index): :data:`prefetch` for a line about to be written.
 prefetch_write = _intrinsic(1, "Start loading the line of flat element ``index`` of C-contiguous ``arr``, for "

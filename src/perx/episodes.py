@@ -175,8 +175,8 @@ def _walk(dst, base, top, c, units, arena, offs, lens, rpred, ring, zero_padding
     The walk back only reads ``rpred`` and notes each row's ring slot in ``slots`` (int64, >= top + 1 entries;
     -1: zero padding); the frames are copied after it, oldest first. A stack's frames lie at ascending addresses
     of the ring, and copying them in that order lets the hardware prefetcher stream them: copying newest first
-    made n-step stacks of Atari frames (4 x 84 x 84 bytes) about 1.25x slower to sample (issue 40 item 4;
-    results/bench.md).
+    made n = 3 stacks of Atari frames (4 x 84 x 84 bytes) 1.20-1.25x slower to sample (issue 40 item 4;
+    docs/speed.md, "Episodic sampling").
 
     With a compressed ring, ``seen`` (int64 [k]) holds the ring slot of each row ``src_base + q`` of ``src``
     already decoded for this sample (-1: none), and a frame found there is copied from that row instead of
@@ -299,7 +299,7 @@ def _windows_stored(ids, succ, reward, terminated, truncated, capacity, n, gamma
             _prefetch_window(ids[b + ahead], n, capacity, succ, reward, rs, units, capacity, us, end,
                              head.shape[0] == 0, n)
         g, d, m, j, ended_term, ended_trunc = _window(ids[b], succ, reward, terminated, truncated, capacity, n, gamma,
-                                                            head)
+                                                      head)
         ret[b] = g
         disc[b] = d
         steps[b] = m
@@ -320,9 +320,9 @@ def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, head, 
     single = head.shape[0] == 1
     count = ids.shape[0]
     # Without frames a window's few rows are cache misses, each waited for in turn (a step's link gives the
-    # next); asking for the rows of the window AHEAD samples on keeps many in flight: at N = 1e6 and B = 256 this
-    # made n = 3 windows of vectors about 1.5x faster (issue 40 item 4). Frames are long rows, which the hardware
-    # prefetcher streams (see _walk); a compressed ring's blocks are decoded, not copied.
+    # next); asking for the rows of the window AHEAD samples on keeps many in flight: at N = 1e6 and B = 256 it
+    # took sample+update with n = 3 windows of vectors from 92 to 61 us (issue 40 item 4; docs/speed.md). Frames
+    # are long rows, which the hardware prefetcher streams (see _walk); a compressed ring's blocks are decoded.
     ahead = AHEAD if k == 0 and arena is None else 0
     rs = reward.strides[0] // reward.itemsize
     us = units.strides[0] // units.itemsize
