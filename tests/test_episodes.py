@@ -178,16 +178,58 @@ def test_a_copied_episodic_buffer_remakes_its_gather_cache_and_samples_the_same(
     world = World(rng, 2)
     feed(buf, world, rng, 70)
     buf.sample(4)  # fills the store's cache of views into the storage
-    assert buf._episodes._next_rows is not None
+    assert buf._episodes._stored_args is not None
     for make in (lambda: pickle.loads(pickle.dumps(buf)), lambda: copy.deepcopy(buf)):
         twin = make()
-        assert twin._episodes._next_rows is None  # views of the original's rows are not carried over
+        assert twin._episodes._stored_args is None  # views of the original's rows are not carried over
         a, b = buf.sample(9), twin.sample(9)
         for key in a:
             np.testing.assert_array_equal(a[key], b[key])
         own = copy.deepcopy(world)
         feed(twin, own, rng, 90)  # the twin's new rows are read through its own views
         check_all(twin, own, 3, 0.99)
+
+
+def test_a_store_carrying_the_gather_cache_of_an_earlier_perx_still_samples():
+    # perx before 2975670 cached (next_obs field, its 2-D view) as _next_rows, and pickled it; with the field kept
+    # apart from the rows (zero-size observations) the unpickled field is that tuple's first element (pickle's memo)
+    import pickle
+
+    buf = perx.ReplayBuffer(8, episodes=Episodes(n_step=2, check=False))
+    for i in range(11):
+        buf.add(obs=np.zeros(0, np.float32), next_obs=np.zeros(0, np.float32), reward=float(i), terminated=False,
+                truncated=i % 4 == 3)
+    want = buf.get(np.arange(3, 11))
+    field = buf._storage.data["next_obs"]
+    buf._episodes._next_rows = (field, field.reshape(len(field), -1))  # as the earlier perx left it
+    twin = pickle.loads(pickle.dumps(buf))
+    assert "_next_rows" not in twin._episodes.__dict__
+    for b in (buf, twin):
+        got = b.get(np.arange(3, 11))
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+
+
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_stacks_of_scalar_frames_are_rebuilt_like_any_stack(n_step):
+    # observations of shape (k,): k frames of one number each, so a batch of stacks is [B, k], two-dimensional
+    # like a batch of vectors, but it holds B * k frames
+    k, gamma = 3, 0.5
+    buf = perx.ReplayBuffer(64, perx.Proportional(), seed=0, episodes=Episodes(n_step=n_step, gamma=gamma,
+                                                                                frame_stack=k))
+
+    def stack(t):  # frames t-k+1 .. t of the one episode, "first" padding; frame value t + 1
+        return np.array([max(j, 0) + 1 for j in range(t - k + 1, t + 1)], np.float32)
+
+    for t in range(40):
+        buf.add(obs=stack(t), next_obs=stack(t + 1), reward=float(t), terminated=False, truncated=False)
+    for batch in (buf.get(np.arange(20, 40)), buf.sample(40)):
+        for row, i in enumerate(batch.indices.tolist()):
+            last = min(i + n_step - 1, 39)  # the window ends at the write head
+            np.testing.assert_array_equal(batch["obs"][row], stack(i))
+            np.testing.assert_array_equal(batch["next_obs"][row], stack(last + 1))
+            assert batch["steps"][row] == last - i + 1
+            assert batch["return"][row] == pytest.approx(sum(gamma ** (j - i) * j for j in range(i, last + 1)))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS[1:], ids=lambda d: "-".join(f"{k}={v}" for k, v in d.items()))

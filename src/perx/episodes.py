@@ -428,7 +428,7 @@ class EpisodeStore:
         #: (the stored next-observation field, then the arguments of the window kernel that do not change, then the
         #: field's name): what the gather of stored mode reads (:meth:`_gather_stored`), made once per storage
         #: (views into it: dropped from pickles and copies, remade on first use)
-        self._next_rows: tuple | None = None
+        self._stored_args: tuple | None = None
         #: the same for shared mode (:meth:`_gather_shared`)
         self._shared_args: tuple | None = None
         #: The folder whose file holds the observation ring (``ReplayBuffer(memmap=...)``), or None: in RAM.
@@ -437,7 +437,8 @@ class EpisodeStore:
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
-        state["_next_rows"] = state["_shared_args"] = None
+        state["_stored_args"] = state["_shared_args"] = None
+        state.pop("_next_rows", None)  # (the cache of an earlier perx, from a store unpickled from it)
         return state
 
     # layouts -------------------------------------------------------------------------------------
@@ -792,9 +793,10 @@ class EpisodeStore:
         windows'; other callers leave them out (``derived``), and they are allocated here."""
         cfg = self.cfg
         source = storage[cfg.next_name]
-        cached = self.__dict__.get("_next_rows")  # (a store unpickled from an earlier perx has none)
+        # (a store unpickled from an earlier perx has none; it may carry that perx's _next_rows, never read)
+        cached = self.__dict__.get("_stored_args")
         if cached is None or cached[0] is not source:
-            cached = self._next_rows = (source, self.succ, storage["reward"], storage["terminated"],
+            cached = self._stored_args = (source, self.succ, storage["reward"], storage["terminated"],
                                         storage["truncated"], self.capacity, cfg.n_step, cfg.gamma,
                                         self.head if cfg.streams == 1 else np.empty(0, np.int64), _rows(source),
                                         cfg.next_name)
@@ -842,7 +844,7 @@ class EpisodeStore:
         term, trunc = np.empty(count, np.bool_), np.empty(count, np.bool_)
         if ring is None:  # a compressed ring: its arena is replaced as it grows or shrinks
             ring = self._ring()
-        if obs.ndim == 2 and self.packed is None:
+        if not stack and obs.ndim == 2 and self.packed is None:  # already one row per unit
             obs_rows, nxt_rows = obs, nxt
         else:
             units_per = count * (stack[0] if stack else 1)
