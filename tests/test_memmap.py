@@ -101,6 +101,41 @@ def test_an_episodic_memmap_buffer_keeps_its_observation_ring_on_disk_and_reopen
     check_all(reopened, world, cfg.n_step, 0.8)
 
 
+@pytest.mark.parametrize("frame_stack", [None, 2])
+def test_dict_observations_stored_once_keep_their_ring_on_disk_and_reopen_exactly(frame_stack, tmp_path):
+    # a dict observation makes the buffer swap its episode store for the dict one at the first add: that store
+    # must keep the ring in the folder too (it did not: the ring stayed in RAM, and reopening read zeros)
+    cfg = Episodes(n_step=2, next_obs="shared", frame_stack=frame_stack)
+    k = frame_stack or 1
+
+    def stack(e, i):  # step i of episode e: episodes of 7 steps (the 7th truncated), frames numbered 100 * e + i
+        frames = [100 * e + max(j, 0) for j in range(i - k + 1, i + 1)]
+        a = np.array([[f, -f] for f in frames], np.float32)
+        b = np.array([10 * f for f in frames], np.int64)
+        return {"a": a, "b": b} if frame_stack else {"a": a[0], "b": b[0]}
+
+    def obs(t):
+        return stack(*divmod(t, 7))
+
+    def final(t):  # the observation after step t, also after an episode's last step
+        e, i = divmod(t, 7)
+        return stack(e, i + 1)
+
+    disk = perx.ReplayBuffer(8, perx.Proportional(), seed=0, episodes=cfg, memmap=tmp_path / "d")
+    for t in range(13):
+        disk.add(obs=obs(t), next_obs=final(t), reward=float(t), terminated=False, truncated=t % 7 == 6)
+    assert (tmp_path / "d" / "units.npy").exists()
+    ids = np.arange(5, 13)
+    want = disk.get(ids)
+    disk.close()
+    got = perx.ReplayBuffer.open(tmp_path / "d").get(ids)
+    for name in ("obs", "next_obs"):
+        for key in ("a", "b"):
+            np.testing.assert_array_equal(got[name][key], want[name][key])
+    newest = [obs(t)["b"].reshape(-1)[-1] for t in ids]
+    np.testing.assert_array_equal(got["obs"]["b"].reshape(len(ids), k)[:, -1], newest)
+
+
 def test_save_writes_a_portable_copy_that_loads_in_ram(tmp_path):
     ram, disk = _twins("proportional", tmp_path / "buf")
     disk.save(tmp_path / "copy.npz")

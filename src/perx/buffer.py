@@ -320,7 +320,10 @@ class ReplayBuffer:
             self._key_check = Storage(1, {flat_name(n, k): f for n in packed for k, f in layout.keys.items()})
             self._key_check.owners = {flat_name(n, k): (n, k) for n in packed for k in layout.keys}
             if not isinstance(self._episodes, DictEpisodeStore):
-                self._episodes = DictEpisodeStore(self.capacity, cfg, layout)
+                store = DictEpisodeStore(self.capacity, cfg, layout)
+                # a memmap buffer's observation ring lives in its folder, as the plain store's would have
+                store.mapped = self._episodes.mapped if self._episodes is not None else None
+                self._episodes = store
 
     def _nested_state(self) -> tuple:
         return (self._dicts, self._stored_names, self._owner, self._packed, self._layout, self._key_check,
