@@ -280,6 +280,18 @@ def _window(j, succ, reward, terminated, truncated, capacity, n, gamma, head):
     return g, d, m, j, ended_term, ended_trunc
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _put_window(b, j, succ, reward, terminated, truncated, capacity, n, gamma, head, ret, disc, steps, term, trunc):
+    """:func:`_window` from id ``j``, written into entry b of the batch's outputs; returns its last id."""
+    g, d, m, last, ended_term, ended_trunc = _window(j, succ, reward, terminated, truncated, capacity, n, gamma, head)
+    ret[b] = g
+    disc[b] = d
+    steps[b] = m
+    term[b] = ended_term
+    trunc[b] = ended_trunc
+    return last
+
+
 @njit(cache=True, nogil=True)
 def _windows_stored(ids, succ, reward, terminated, truncated, capacity, n, gamma, head, ret, disc, steps, term,
                     trunc, units, nxt):
@@ -298,13 +310,8 @@ def _windows_stored(ids, succ, reward, terminated, truncated, capacity, n, gamma
         if ahead and b + ahead < count:
             _prefetch_window(ids[b + ahead], n, capacity, succ, reward, rs, units, capacity, us, end,
                              head.shape[0] == 0, n)
-        g, d, m, j, ended_term, ended_trunc = _window(ids[b], succ, reward, terminated, truncated, capacity, n, gamma,
-                                                      head)
-        ret[b] = g
-        disc[b] = d
-        steps[b] = m
-        term[b] = ended_term
-        trunc[b] = ended_trunc
+        j = _put_window(b, ids[b], succ, reward, terminated, truncated, capacity, n, gamma, head, ret, disc, steps,
+                        term, trunc)
         _copy_row(nxt, b, units, j % capacity)
 
 
@@ -332,18 +339,13 @@ def _gather(ids, succ, reward, terminated, truncated, capacity, n, gamma, head, 
     for b in range(count):
         if ahead and b + ahead < count:
             _prefetch_window(ids[b + ahead], n, capacity, succ, reward, rs, units, ring, us, end, not single, n + 1)
-        g, d, m, j, ended_term, ended_trunc = _window(ids[b], succ, reward, terminated, truncated, capacity, n, gamma,
-                                                      head)
-        ret[b] = g
-        disc[b] = d
-        steps[b] = m
-        term[b] = ended_term
-        trunc[b] = ended_trunc
+        j = _put_window(b, ids[b], succ, reward, terminated, truncated, capacity, n, gamma, head, ret, disc, steps,
+                        term, trunc)
         # where the window's next observation (or its newest frame) is
         s = j % capacity
         if not single:
             after = succ[s]
-        elif ended_term or ended_trunc:
+        elif term[b] or trunc[b]:
             after = ENDED
         else:
             after = j + 1 if j < head[0] else PENDING
