@@ -192,3 +192,16 @@ def test_a_one_seed_cell_states_the_seed_count_instead_of_a_zero_interval():
 
     assert mean_cell([3.0]) == "3.00 (1 seed)"  # no interval exists for one seed; "± 0.00" would claim one
     assert mean_cell([1.0, 3.0]) == "2.00 ± 12.71"  # t(0.975, 1) * sd 1.414 / sqrt 2
+
+
+def test_bold_marks_the_intervals_that_reach_the_best_as_004_table_1():
+    from perx.experiments.study import overlapping_best
+
+    # t(0.975, 2) = 4.303, sd 1, n 3: half-width 2.484 for each of these
+    scores = {"best": [9.0, 10.0, 11.0], "touching": [4.0, 5.0, 6.0], "apart": [3.0, 4.0, 5.0]}
+    # best: [7.52, 12.48]; touching: [2.52, 7.48] misses by 0.04; apart misses by more
+    assert overlapping_best(scores) == {"best"}
+    scores["touching"] = [4.1, 5.1, 6.1]  # [2.62, 7.58] now reaches 7.52
+    assert overlapping_best(scores) == {"best", "touching"}
+    assert overlapping_best({"best": [9.0, 10.0, 11.0], "one seed": [1.0]}) == set()  # no interval: no bold
+    assert overlapping_best({"alone": [1.0, 2.0]}) == set()

@@ -322,6 +322,16 @@ def mean_cell(values: list[float]) -> str:
     return f"{mean:.2f} (1 seed)" if len(values) < 2 else f"{mean:.2f} ± {half:.2f}"
 
 
+def overlapping_best(scores: dict[str, list[float]]) -> set[str]:
+    """The variants 004 Table 1 prints in bold: those whose 95% t interval intersects the interval of the
+    highest mean. Empty when a variant has fewer than 2 seeds (no interval) or there is only one variant."""
+    if len(scores) < 2 or any(len(v) < 2 for v in scores.values()):
+        return set()
+    intervals = {k: t_interval(v) for k, v in scores.items()}
+    best_mean, best_half = max(intervals.values(), key=lambda mh: mh[0])
+    return {k for k, (m, h) in intervals.items() if m + h >= best_mean - best_half}
+
+
 def final_score(rows: list[dict], last: int = 10) -> float:
     """Mean evaluation return over the last ``last`` evaluations (004 D.2)."""
     tail = rows[-last:]
@@ -393,7 +403,8 @@ def plot(root: Path, log=print) -> dict:
     lines = [f"# {root.name}: final scores and gains", "",
              "Final score: mean evaluation return over the last 10 evaluations of each run (004 D.2) up to the "
              "step every run of the environment has reached (" + ", ".join(f"{e}: {common[e]:,}" for e in envs)
-             + "); mean over seeds with the half-width of a 95% t interval. Gain of x over y: (x - y) / |y| "
+             + "); mean over seeds with the half-width of a 95% t interval; bold where that interval intersects the "
+             "interval of the environment's highest mean (004 Table 1). Gain of x over y: (x - y) / |y| "
              "per environment (004 Table 2), then mean and median over environments.", "",
              "| env | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
     with open(root / "final.csv", "w") as f:
@@ -404,7 +415,9 @@ def plot(root: Path, log=print) -> dict:
                     f.write(f"{env},{v},{s},{score:.4f},{common[env]}\n")
     means = {env: {v: t_interval(list(finals[env][v].values())) for v in finals.get(env, {})} for env in envs}
     for env in envs:
-        cells = [mean_cell(list(finals[env][v].values())) if v in finals.get(env, {}) else "-" for v in variants]
+        bold = overlapping_best({v: list(finals[env][v].values()) for v in finals.get(env, {})})
+        cells = [(f"**{mean_cell(list(finals[env][v].values()))}**" if v in bold else
+                  mean_cell(list(finals[env][v].values()))) if v in finals.get(env, {}) else "-" for v in variants]
         lines.append(f"| {env} | " + " | ".join(cells) + " |")
     for ref in ("uniform", "per"):
         if ref not in variants:  # say why instead of a table of dashes
