@@ -31,6 +31,11 @@ def _inputs():
              np.repeat(rng.integers(0, 256, 300), 25).astype(np.uint8),  # runs (literal and match lengths > 15 + 255)
              np.tile(rng.integers(0, 256, 70_000), 2).astype(np.uint8),  # a repeat beyond the 65535-byte window
              rng.standard_normal(8).astype(np.float32).view(np.uint8)]
+    for off in range(1, 21):  # every short back-reference distance, with matches that end near the row's end
+        for n in (off * 30, off * 30 + 7, 700 + off):
+            cases.append(np.tile(rng.integers(0, 256, off), n // off + 1)[:n].astype(np.uint8))
+            cases.append(np.concatenate([rng.integers(0, 256, 9), np.tile(rng.integers(0, 256, off), n)[:n],
+                                         rng.integers(0, 256, 11)]).astype(np.uint8))
     for n in range(40):  # every length around the format's end rules (12 and 5 bytes)
         cases.append(rng.integers(0, 2, n).astype(np.uint8))
         cases.append(np.tile(rng.integers(0, 256, 3), 20)[:n].astype(np.uint8))
@@ -44,9 +49,10 @@ def test_blocks_round_trip_and_agree_with_the_lz4_package():
         assert lz4_block.decompress(ours.tobytes(), uncompressed_size=len(data)) == data.tobytes()
         theirs = np.frombuffer(lz4_block.compress(data.tobytes(), store_size=False), np.uint8)
         for block in (ours, theirs):
-            out = np.empty(len(data), np.uint8)
-            assert _lz4.decompress_into(block, 0, len(block), out) == len(data)
-            np.testing.assert_array_equal(out, data)
+            out = np.full(len(data) + 64, 0xAB, np.uint8)  # a row exactly the unit's size, guarded behind it
+            assert _lz4.decompress_into(block, 0, len(block), out[: len(data)]) == len(data)
+            np.testing.assert_array_equal(out[: len(data)], data)
+            assert (out[len(data):] == 0xAB).all()
 
 
 def test_the_decoder_refuses_truncated_and_damaged_blocks_without_leaving_its_row():
