@@ -48,7 +48,7 @@ from numba import njit
 
 # The window kernels below compile unpack_row into themselves, and numba's cache (cache=True) is keyed on this
 # file alone: a change to perx/_lz4.py's decoder must come with a change here, or a checkout updated in place
-# keeps the old decoder in its cached kernels (last: the arena bounds check of unpack_row).
+# keeps the old decoder in its cached kernels (last: decompress_into's length bytes read inline).
 from perx._lz4 import PackedUnits, unpack_row
 from perx._mmap import MappedCreateError, MappedFileError, MappedFolder, zeros
 from perx._nested import DictLayout, same_rows
