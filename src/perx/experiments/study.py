@@ -415,9 +415,10 @@ def plot(root: Path, log=print) -> dict:
                     f.write(f"{env},{v},{s},{score:.4f},{common[env]}\n")
     means = {env: {v: t_interval(list(finals[env][v].values())) for v in finals.get(env, {})} for env in envs}
     for env in envs:
-        bold = overlapping_best({v: list(finals[env][v].values()) for v in finals.get(env, {})})
-        cells = [(f"**{mean_cell(list(finals[env][v].values()))}**" if v in bold else
-                  mean_cell(list(finals[env][v].values()))) if v in finals.get(env, {}) else "-" for v in variants]
+        scores = {v: list(seeds.values()) for v, seeds in finals.get(env, {}).items()}
+        bold = overlapping_best(scores)
+        cells = [("-" if v not in scores else f"**{mean_cell(scores[v])}**" if v in bold else mean_cell(scores[v]))
+                 for v in variants]
         lines.append(f"| {env} | " + " | ".join(cells) + " |")
     for ref in ("uniform", "per"):
         if ref not in variants:  # say why instead of a table of dashes
